@@ -1,0 +1,329 @@
+"""Text corpora: where raw documents come from.
+
+Every corpus yields documents as strings (paragraphs separated by "\\n") one at a time, so nothing
+ever holds the whole corpus in memory, and has a `fingerprint()` that changes whenever its content or
+reading settings change (it keys the tokenizer and token-store caches).
+
+Sources:
+- `EmbeddedCorpus`: the English documentation prose that CPython ships (`pydoc_data.topics`), on
+  every machine with Python; the default when no data is configured.
+- `TextFilesCorpus`: local text files by glob (plain or .gz), one document per file, documents
+  separated by blank lines, or WikiText articles (` = Title = ` headings).
+- `JsonlCorpus`, `ParquetCorpus`: one document per record, text in a configurable field.
+- `HFDatasetCorpus`: a named Hugging Face dataset (from the local `datasets` cache when offline).
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import gzip
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+DocSplit = Literal["file", "blank_line", "wikitext"]
+Errors = Literal["strict", "replace", "skip"]
+_WIKITEXT_ARTICLE = re.compile(r"^ = [^=].* = $")
+
+
+class CorpusError(ValueError):
+    """Bad corpus input: the message names the file or setting and the fix."""
+
+
+def _hash(*parts: object) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(json.dumps(part, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def _file_stat_key(path: str) -> list:
+    st = os.stat(path)
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+
+
+def _resolve_paths(patterns: str | Iterable[str], what: str) -> list[str]:
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    if not patterns:
+        raise CorpusError(f"data.paths is empty; give {what} paths or glob patterns")
+    paths: list[str] = []
+    for pattern in patterns:
+        expanded = os.path.expanduser(str(pattern))
+        matches = sorted(p for p in globlib.glob(expanded, recursive=True) if os.path.isfile(p))
+        if not matches:
+            raise CorpusError(
+                f"data.paths pattern {pattern!r} matches no file (resolved against "
+                f"{os.getcwd()}); check the path, or quote the glob so the shell does not expand it"
+            )
+        paths.extend(matches)
+    return paths
+
+
+def _open_binary(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _decode_lines(path: str, errors: Errors) -> Iterator[str]:
+    """Yield the lines of a (possibly gzipped) file as text, reporting bad UTF-8 precisely."""
+    offset = 0
+    with _open_binary(path) as handle:
+        for raw in handle:
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                if errors == "strict":
+                    raise CorpusError(
+                        f"{path}: invalid UTF-8 at byte offset {offset + err.start} "
+                        f"({err.reason}); fix the file, or set data.errors=replace (substitute "
+                        f"U+FFFD) or data.errors=skip (drop the line)"
+                    ) from None
+                if errors == "replace":
+                    yield raw.decode("utf-8", errors="replace")
+                else:
+                    log.warning("%s: skipped a line with invalid UTF-8 at byte %d", path, offset)
+            offset += len(raw)
+
+
+def _join(lines: list[str]) -> str:
+    return "\n".join(line.strip() for line in lines if line.strip())
+
+
+@dataclass
+class EmbeddedCorpus:
+    """CPython's documentation topics (~80 documents, ~460 KB of English prose).
+
+    Attributes:
+        min_chars: paragraphs shorter than this (headings, code fragments) are dropped.
+    """
+
+    min_chars: int = 40
+
+    def documents(self) -> Iterator[str]:
+        from pydoc_data.topics import topics
+
+        for name in sorted(topics):
+            paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", topics[name])]
+            doc = "\n".join(p for p in paragraphs if len(p) >= self.min_chars)
+            if doc:
+                yield doc
+
+    def fingerprint(self) -> str:
+        from pydoc_data.topics import topics
+
+        return _hash("embedded", self.min_chars, sorted(topics.items()))
+
+    def describe(self) -> str:
+        return "embedded CPython documentation (pydoc_data.topics)"
+
+
+@dataclass
+class TextFilesCorpus:
+    """Local text files matched by glob patterns (plain or gzip).
+
+    Attributes:
+        paths: glob patterns or file paths.
+        doc_split: "file" (one document per file), "blank_line" (documents separated by one or
+            more blank lines), or "wikitext" (an article starts at each ` = Title = ` line).
+        errors: what to do with invalid UTF-8: "strict" (error naming file and byte offset),
+            "replace" (U+FFFD), "skip" (drop the line, logged).
+    """
+
+    paths: list[str] | str = field(default_factory=list)
+    doc_split: DocSplit = "blank_line"
+    errors: Errors = "strict"
+
+    def __post_init__(self) -> None:
+        if self.doc_split not in ("file", "blank_line", "wikitext"):
+            raise CorpusError(
+                f"data.doc_split={self.doc_split!r} is not one of file, blank_line, wikitext"
+            )
+        if self.errors not in ("strict", "replace", "skip"):
+            raise CorpusError(f"data.errors={self.errors!r} is not one of strict, replace, skip")
+        self.files = _resolve_paths(self.paths, "text file")
+
+    def documents(self) -> Iterator[str]:
+        for path in self.files:
+            lines: list[str] = []
+            for line in _decode_lines(path, self.errors):
+                if self._starts_document(line):
+                    if doc := _join(lines):
+                        yield doc
+                    lines = []
+                lines.append(line)
+            if doc := _join(lines):
+                yield doc
+
+    def _starts_document(self, line: str) -> bool:
+        if self.doc_split == "blank_line":
+            return not line.strip()
+        if self.doc_split == "wikitext":
+            return bool(_WIKITEXT_ARTICLE.match(line.rstrip("\n")))
+        return False
+
+    def fingerprint(self) -> str:
+        return _hash("text", self.doc_split, self.errors, [_file_stat_key(p) for p in self.files])
+
+    def describe(self) -> str:
+        return f"{len(self.files)} text file(s) ({self.doc_split} documents)"
+
+
+@dataclass
+class JsonlCorpus:
+    """JSON Lines files, one document per record.
+
+    Attributes:
+        paths: glob patterns or file paths (.jsonl, optionally .gz).
+        text_field: the record field holding the text.
+    """
+
+    paths: list[str] | str = field(default_factory=list)
+    text_field: str = "text"
+    errors: Errors = "strict"
+
+    def __post_init__(self) -> None:
+        self.files = _resolve_paths(self.paths, "JSONL")
+
+    def documents(self) -> Iterator[str]:
+        for path in self.files:
+            for number, line in enumerate(_decode_lines(path, self.errors), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise CorpusError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+                yield _field(record, self.text_field, f"{path}:{number}")
+
+    def fingerprint(self) -> str:
+        return _hash("jsonl", self.text_field, [_file_stat_key(p) for p in self.files])
+
+    def describe(self) -> str:
+        return f"{len(self.files)} JSONL file(s), field {self.text_field!r}"
+
+
+def _field(record: dict, name: str, where: str) -> str:
+    if name not in record:
+        raise CorpusError(
+            f"{where}: record has no field {name!r} (fields: {sorted(record)}); "
+            f"set data.text_field to the field that holds the text"
+        )
+    value = record[name]
+    if not isinstance(value, str):
+        raise CorpusError(f"{where}: field {name!r} is {type(value).__name__}, not text")
+    return value
+
+
+@dataclass
+class ParquetCorpus:
+    """Parquet files, one document per row, read in record batches (bounded memory).
+
+    Attributes:
+        paths: glob patterns or file paths.
+        text_field: the column holding the text.
+        batch_rows: rows read at a time.
+    """
+
+    paths: list[str] | str = field(default_factory=list)
+    text_field: str = "text"
+    batch_rows: int = 4096
+
+    def __post_init__(self) -> None:
+        self.files = _resolve_paths(self.paths, "Parquet")
+
+    def documents(self) -> Iterator[str]:
+        import pyarrow.parquet as pq
+
+        for path in self.files:
+            parquet = pq.ParquetFile(path)
+            if self.text_field not in parquet.schema_arrow.names:
+                raise CorpusError(
+                    f"{path}: no column {self.text_field!r} (columns: "
+                    f"{parquet.schema_arrow.names}); set data.text_field"
+                )
+            for batch in parquet.iter_batches(self.batch_rows, columns=[self.text_field]):
+                for text in batch.column(0).to_pylist():
+                    if text:
+                        yield text
+
+    def fingerprint(self) -> str:
+        return _hash("parquet", self.text_field, [_file_stat_key(p) for p in self.files])
+
+    def describe(self) -> str:
+        return f"{len(self.files)} Parquet file(s), column {self.text_field!r}"
+
+
+@dataclass
+class HFDatasetCorpus:
+    """A named Hugging Face dataset, streamed from the local `datasets` cache or the hub.
+
+    Line-per-record datasets such as WikiText are regrouped into articles with
+    `doc_split="wikitext"`; otherwise each record is one document.
+
+    Attributes:
+        name: dataset name on the hub (e.g. "wikitext").
+        config: dataset configuration (e.g. "wikitext-103-raw-v1").
+        split: split to read.
+        text_field: column holding the text.
+        doc_split: "record" or "wikitext".
+    """
+
+    name: str = "wikitext"
+    config: str | None = "wikitext-103-raw-v1"
+    split: str = "train"
+    text_field: str = "text"
+    doc_split: Literal["record", "wikitext"] = "wikitext"
+
+    def _load(self):
+        import datasets
+
+        try:
+            return datasets.load_dataset(self.name, self.config, split=self.split)
+        except Exception as err:  # datasets raises many types for offline / missing data
+            raise CorpusError(
+                f"could not load Hugging Face dataset {self.name!r} ({self.config}, split "
+                f"{self.split!r}): {err}. Offline, it must already be in the datasets cache "
+                f"(HF_DATASETS_OFFLINE=1); or download the files and use data=text_files "
+                f"data.paths=..."
+            ) from err
+
+    def documents(self) -> Iterator[str]:
+        dataset = self._load()
+        if self.text_field not in dataset.column_names:
+            raise CorpusError(
+                f"dataset {self.name!r} has no column {self.text_field!r} "
+                f"(columns: {dataset.column_names}); set data.text_field"
+            )
+        texts = (row[self.text_field] for row in dataset)
+        if self.doc_split == "record":
+            yield from (t for t in texts if t.strip())
+            return
+        lines: list[str] = []
+        for text in texts:
+            if _WIKITEXT_ARTICLE.match(text.rstrip("\n")) and lines:
+                if doc := _join(lines):
+                    yield doc
+                lines = []
+            lines.append(text)
+        if doc := _join(lines):
+            yield doc
+
+    def fingerprint(self) -> str:
+        return _hash(
+            "hf",
+            self.name,
+            self.config,
+            self.split,
+            self.text_field,
+            self.doc_split,
+            self._load()._fingerprint,
+        )
+
+    def describe(self) -> str:
+        return f"Hugging Face dataset {self.name}/{self.config} [{self.split}]"

@@ -1,0 +1,1 @@
+"""Wiring: Hydra entry points, config checks, LightningModules, optimizers and schedules."""

@@ -1,0 +1,136 @@
+"""Command-line plumbing shared by the `@hydra.main` entry points.
+
+- `run_stamp`: the Hydra run folder's name, shared by all processes of one multi-process run.
+- Make overrides: `make pretrain model=gpt trainer.max_steps=50` hands `key=value` words to make as
+  variables; make records them, escaped, in MAKEFLAGS, and `entry_point` turns them back into
+  Hydra overrides exactly (spaces, globs and quotes intact, no shell in between).
+- `user_errors`: bad input ends the run with one clear line and exit status 2, not a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Callable, Iterator
+from datetime import datetime
+
+from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from datamodules.corpus import CorpusError
+from pipeline.config import ConfigError
+from tokenizer import EmptyCorpusError, MissingSpecialTokensError, TokenizerLoadError
+
+log = logging.getLogger(__name__)
+
+RUN_STAMP_ENV = "LMPIPE_RUN_STAMP"
+FROM_MAKE_ENV = "LMPIPE_FROM_MAKE"
+# Make variables of the Makefile itself, never Hydra overrides.
+MAKE_ONLY_VARIABLES = {"ARGS", "PYTHON", "QUICK", "VENV"}
+
+
+def run_stamp() -> str:
+    """Name of this run's folder: the start time, identical in every process of the run.
+
+    The first process to ask records the stamp in the environment, so processes it starts
+    (Lightning's DDP launcher, DataLoader workers) reuse it. Processes started by an external
+    launcher cannot see it, so for them the launcher's own job id names the run: SLURM job and
+    step ids, or the torchrun rendezvous id. `LMPIPE_RUN_STAMP` set by hand always wins.
+    """
+    stamp = os.environ.get(RUN_STAMP_ENV) or _launcher_stamp()
+    if not stamp:
+        stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    os.environ[RUN_STAMP_ENV] = stamp
+    return stamp
+
+
+def _launcher_stamp() -> str | None:
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in os.environ:
+        return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and run_id != "none":
+        return f"torchrun-{run_id}"
+    return None
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("run_stamp"):
+        OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
+
+
+def parse_makeflags(makeflags: str) -> list[str]:
+    """The command-line variable assignments recorded in MAKEFLAGS, in command-line order.
+
+    Make writes them after ` -- `, newest first, escaping spaces and backslashes with a backslash
+    and `$` as `$$`.
+    """
+    head, sep, assignments = makeflags.partition("-- ")
+    if not sep or (head and not head.endswith(" ")):
+        return []
+    words: list[str] = []
+    current: list[str] = []
+    chars = iter(assignments)
+    for char in chars:
+        if char == "\\":
+            current.append(next(chars, ""))
+        elif char == "$":
+            next(chars, "")  # make doubles every $
+            current.append("$")
+        elif char == " ":
+            if current:
+                words.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if current:
+        words.append("".join(current))
+    return list(reversed(words))
+
+
+def overrides_from_make(makeflags: str) -> list[str]:
+    """Hydra overrides from `make <target> key=value ... ARGS="..."`: the variables in command-line
+    order (less the Makefile's own), then the words of ARGS."""
+    overrides, extra = [], []
+    for word in parse_makeflags(makeflags):
+        name, _, value = word.partition("=")
+        if name == "ARGS":
+            extra = shlex.split(value)
+        elif name not in MAKE_ONLY_VARIABLES:
+            overrides.append(word)
+    return overrides + extra
+
+
+def entry_point(main: Callable[[], None]) -> None:
+    """Run a `@hydra.main` function, first adding the overrides given to make (when launched by
+    the Makefile; the flag is consumed so that re-launched child processes do not add them
+    twice)."""
+    register_resolvers()
+    if os.environ.pop(FROM_MAKE_ENV, None):
+        sys.argv.extend(overrides_from_make(os.environ.get("MAKEFLAGS", "")))
+    main()
+
+
+USER_ERRORS = (
+    ConfigError,
+    CorpusError,
+    EmptyCorpusError,
+    MissingSpecialTokensError,
+    TokenizerLoadError,
+    MissingMandatoryValue,
+)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn errors caused by the user's input into one line on stderr and exit status 2."""
+    try:
+        yield
+    except USER_ERRORS as err:
+        if os.environ.get("LMPIPE_DEBUG"):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        print("(set LMPIPE_DEBUG=1 to see the traceback)", file=sys.stderr)
+        sys.exit(2)

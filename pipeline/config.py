@@ -1,0 +1,134 @@
+"""Check a composed run config before any work starts, and build its parts.
+
+Every component config is instantiated here, so a wrong value fails in a fraction of a second with
+a message that names the config key; nothing has been trained, tokenized or written yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from datamodules.corpus import CorpusError
+from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from models.config import BertConfig, GPTConfig
+from pipeline.schedules import resolve_warmup
+from tokenizer import TokenizerSpec
+
+# model config type -> (family name, tokenizer kind, objective type)
+FAMILIES: dict[type, tuple[str, str, type]] = {
+    BertConfig: ("bert", "wordpiece", MaskedLMObjective),
+    GPTConfig: ("gpt", "bpe", CausalLMObjective),
+}
+PRECISIONS = (None, "32", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
+
+
+class ConfigError(ValueError):
+    """A config value is missing or invalid; the message names the key and the fix."""
+
+
+@dataclass
+class RunPlan:
+    """The checked parts of a pretraining run."""
+
+    family: str
+    model: BertConfig | GPTConfig
+    tokenizer: TokenizerSpec
+    objective: MaskedLMObjective | CausalLMObjective
+    corpus: Any
+
+
+def build(key: str, node: DictConfig, **kwargs: Any) -> Any:
+    """Instantiate config node `key`, turning a constructor's complaint into a ConfigError."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, (ValueError, CorpusError)):
+            raise ConfigError(str(cause)) from cause
+        if isinstance(cause, TypeError):  # an unknown or misspelled field
+            raise ConfigError(f"{key}: {cause}; check the field names under {key}.") from cause
+        raise ConfigError(f"{key}: cannot build {node.get('_target_')}: {err}") from err
+
+
+def check_config(cfg: DictConfig) -> RunPlan:
+    """Validate a composed pretraining config and build its parts.
+
+    Raises:
+        ConfigError: a missing required value, an invalid value, or parts that do not fit
+            together (e.g. a BERT model with a BPE tokenizer).
+    """
+    missing = sorted(k for k in OmegaConf.missing_keys(cfg) if not k.startswith("hydra"))
+    if missing:
+        raise ConfigError(
+            f"required config value(s) not set: {', '.join(missing)}; give them on the command "
+            f"line, e.g. make pretrain data=text_files data.paths='corpus/*.txt'"
+        )
+    model = build("model", cfg.model)
+    tokenizer = build("tokenizer", cfg.tokenizer)
+    objective = build("objective", cfg.objective)
+    family, tokenizer_kind, objective_type = _family_of(model)
+    if tokenizer.kind != tokenizer_kind:
+        raise ConfigError(
+            f"tokenizer.kind={tokenizer.kind!r} does not fit a {family} model, which needs "
+            f"{tokenizer_kind!r}; drop the tokenizer override or choose tokenizer={tokenizer_kind}"
+        )
+    if not isinstance(objective, objective_type):
+        raise ConfigError(
+            f"objective {type(objective).__name__} does not fit a {family} model; drop the "
+            "objective override (model=... selects the matching objective)"
+        )
+    if objective.seq_len > model.max_seq_len:
+        raise ConfigError(
+            f"objective.seq_len={objective.seq_len} exceeds model.max_seq_len="
+            f"{model.max_seq_len}; lower the first or raise the second"
+        )
+    _check_optimizer(cfg.optim)
+    _check_trainer(cfg.trainer)
+    try:
+        resolve_warmup(cfg.trainer.max_steps, cfg.schedule.warmup_steps, cfg.schedule.warmup_ratio)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    corpus = build("data", cfg.data)
+    return RunPlan(family, model, tokenizer, objective, corpus)
+
+
+def _family_of(model: object) -> tuple[str, str, type]:
+    for config_type, family in FAMILIES.items():
+        if isinstance(model, config_type):
+            return family
+    raise ConfigError(f"model: unsupported model config type {type(model).__name__}")
+
+
+def _check_optimizer(optim: DictConfig) -> None:
+    if not optim.lr > 0:
+        raise ConfigError(f"optim.lr must be > 0, got {optim.lr}; e.g. optim.lr=1e-4")
+    if optim.get("weight_decay", 0) < 0:
+        raise ConfigError(f"optim.weight_decay must be >= 0, got {optim.weight_decay}")
+    for i, beta in enumerate(optim.get("betas") or []):
+        if not 0 <= beta < 1:
+            raise ConfigError(f"optim.betas[{i}] must be in [0, 1), got {beta}")
+    if optim.get("eps", 1) <= 0:
+        raise ConfigError(f"optim.eps must be > 0, got {optim.eps}")
+
+
+def _check_trainer(trainer: DictConfig) -> None:
+    if not isinstance(trainer.max_steps, int) or trainer.max_steps <= 0:
+        raise ConfigError(
+            f"trainer.max_steps must be a positive integer (the schedule needs the run length), "
+            f"got {trainer.max_steps}"
+        )
+    if trainer.accumulate_grad_batches < 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches must be >= 1, got {trainer.accumulate_grad_batches}"
+        )
+    precision = None if trainer.precision is None else str(trainer.precision)
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            f"trainer.precision={trainer.precision!r} is not one of "
+            f"{[p for p in PRECISIONS if p]} (or null for the best on this hardware)"
+        )

@@ -1,0 +1,151 @@
+"""Every file under conf/ composes, and every component in it instantiates (no training)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from datamodules.corpus import EmbeddedCorpus, TextFilesCorpus
+from models.config import BertConfig, GPTConfig
+from pipeline.config import check_config
+from tests.conftest import CONF, compose_pretrain
+
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine"}
+OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
+
+
+@pytest.fixture
+def text_file(tmp_path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("A first paragraph.\n\nA second one.\n")
+    return path
+
+
+def overrides_for(group: str, option: str, tmp_path: Path, text_file: Path) -> list[str]:
+    overrides = [f"{group}={option}", f"paths.cache_dir={tmp_path}"]
+    if option in GPT_ONLY_OPTIONS:
+        overrides.append("model=gpt")
+    if group == "data" and option in ("text_files", "jsonl", "parquet", "wikitext2"):
+        data_file = {"jsonl": tmp_path / "d.jsonl", "parquet": tmp_path / "d.parquet"}.get(
+            option, text_file
+        )
+        overrides.append(f"data.paths=[{data_file}]")
+    return overrides
+
+
+def test_every_group_has_options():
+    assert {
+        "model",
+        "data",
+        "tokenizer",
+        "objective",
+        "optim",
+        "schedule",
+        "trainer",
+        "logger",
+        "paths",
+        "experiment",
+        "debug",
+    } <= set(GROUPS)
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_option_composes_and_instantiates(group, option, tmp_path, text_file):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "d.jsonl").write_text('{"text": "one doc"}\n')
+    pq.write_table(pa.table({"text": ["one doc"]}), tmp_path / "d.parquet")
+    cfg = compose_pretrain(*overrides_for(group, option, tmp_path, text_file))
+    OmegaConf.resolve(cfg)
+    plan = check_config(cfg)  # model, tokenizer, objective, data, optim and trainer checks
+
+    params = [torch.nn.Parameter(torch.zeros(2, 2))]
+    optimizer = instantiate(cfg.optim)(params)
+    assert optimizer.defaults["lr"] == cfg.optim.lr
+    scheduler = instantiate(cfg.schedule)(optimizer, total_steps=cfg.trainer.max_steps)
+    assert scheduler.get_last_lr()[0] > 0
+
+    for name, logger_cfg in cfg.logger.items():
+        logger_cfg.save_dir = str(tmp_path)
+        assert instantiate(logger_cfg) is not None, name
+    trainer_cfg = OmegaConf.to_container(cfg.trainer)
+    trainer_cfg.update(default_root_dir=str(tmp_path), logger=False, enable_progress_bar=False)
+    if trainer_cfg.get("accelerator") == "gpu" and not torch.cuda.is_available():
+        trainer_cfg.update(accelerator="cpu", devices=1, strategy="auto")
+    assert isinstance(instantiate(trainer_cfg), pl.Trainer)
+    assert plan.family in ("bert", "gpt")
+
+
+@pytest.mark.parametrize(
+    ("model", "family", "config_type", "tokenizer", "schedule"),
+    [
+        ("bert", "bert", BertConfig, "wordpiece", "warmup_linear_decay"),
+        ("bert-tiny", "bert", BertConfig, "wordpiece", "warmup_linear_decay"),
+        ("bert-base", "bert", BertConfig, "wordpiece", "warmup_linear_decay"),
+        ("bert-large", "bert", BertConfig, "wordpiece", "warmup_linear_decay"),
+        ("gpt", "gpt", GPTConfig, "bpe", "warmup_cosine"),
+        ("gpt-tiny", "gpt", GPTConfig, "bpe", "warmup_cosine"),
+        ("gpt-124m", "gpt", GPTConfig, "bpe", "warmup_cosine"),
+        ("gpt-1b", "gpt", GPTConfig, "bpe", "warmup_cosine"),
+    ],
+)
+def test_model_choice_pulls_in_a_consistent_recipe(model, family, config_type, tokenizer, schedule):
+    cfg = compose_pretrain(f"model={model}")
+    plan = check_config(cfg)
+    assert plan.family == family
+    assert isinstance(plan.model, config_type)
+    assert plan.tokenizer.kind == tokenizer
+    assert cfg.schedule._target_.endswith(schedule)
+    assert cfg.optim.betas[1] == (0.999 if family == "bert" else 0.95)
+
+
+def test_size_presets_have_published_shapes():
+    base = check_config(compose_pretrain("model=bert-base")).model
+    assert (base.n_layers, base.d_model, base.n_heads, base.d_ff) == (12, 768, 12, 3072)
+    gpt = check_config(compose_pretrain("model=gpt-124m")).model
+    assert (gpt.n_layers, gpt.d_model, gpt.n_heads, gpt.max_seq_len) == (12, 768, 12, 1024)
+    small = check_config(compose_pretrain("model=bert")).model
+    assert small.n_layers * small.d_model <= 4 * 256  # the CPU default stays small
+
+
+def test_default_is_bert_on_the_embedded_corpus():
+    plan = check_config(compose_pretrain())
+    assert plan.family == "bert" and isinstance(plan.corpus, EmbeddedCorpus)
+
+
+def test_command_line_overrides_pass_through(text_file):
+    cfg = compose_pretrain(
+        "model=gpt",
+        "trainer.max_steps=50",
+        "model.n_layers=2",
+        "data=text_files",
+        f"data.paths={text_file}",
+    )
+    plan = check_config(cfg)
+    assert plan.model.n_layers == 2 and cfg.trainer.max_steps == 50
+    assert isinstance(plan.corpus, TextFilesCorpus)
+
+
+def test_experiment_selects_model_and_data(shared_data):
+    cfg = compose_pretrain(
+        "experiment=gpt-mini-wikitext2",
+        f"data.paths=[{shared_data}/wikitext/wikitext-2-tokenized/train.txt.gz]",
+    )
+    plan = check_config(cfg)
+    assert plan.family == "gpt" and plan.corpus.doc_split == "wikitext"
+
+
+def test_run_dir_is_one_folder_per_model_and_time():
+    cfg = compose_pretrain("model=gpt", hydra_node=True)
+    HydraConfig.instance().set_config(cfg)
+    run_dir = cfg.hydra.run.dir
+    assert re.fullmatch(r"outputs/gpt/\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", run_dir), run_dir

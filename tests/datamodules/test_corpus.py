@@ -1,0 +1,115 @@
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from datamodules.corpus import (
+    CorpusError,
+    EmbeddedCorpus,
+    JsonlCorpus,
+    ParquetCorpus,
+    TextFilesCorpus,
+)
+
+
+def test_embedded_corpus_is_real_prose():
+    docs = list(EmbeddedCorpus().documents())
+    assert 70 <= len(docs) <= 100
+    assert 300_000 < sum(len(d) for d in docs) < 600_000
+    assert sum("\n" in d for d in docs) > 0.8 * len(docs)  # paragraphs within documents
+    assert EmbeddedCorpus().fingerprint() == EmbeddedCorpus().fingerprint()
+    assert EmbeddedCorpus(min_chars=10).fingerprint() != EmbeddedCorpus().fingerprint()
+
+
+def test_text_files_doc_split_modes(tmp_path):
+    (tmp_path / "a.txt").write_text("first doc line one\nline two\n\n\nsecond doc\n")
+    with gzip.open(tmp_path / "b.txt.gz", "wt") as handle:
+        handle.write("third doc\n")
+    pattern = str(tmp_path / "*.txt*")
+    assert list(TextFilesCorpus(pattern, doc_split="blank_line").documents()) == [
+        "first doc line one\nline two",
+        "second doc",
+        "third doc",
+    ]
+    assert list(TextFilesCorpus(pattern, doc_split="file").documents()) == [
+        "first doc line one\nline two\nsecond doc",
+        "third doc",
+    ]
+
+
+def test_wikitext_articles(tmp_path):
+    (tmp_path / "w.txt").write_text(
+        " = Alpha = \n\n Alpha text .\n\n = = Section = = \n\n more alpha .\n = Beta = \n beta .\n"
+    )
+    docs = list(TextFilesCorpus([str(tmp_path / "w.txt")], doc_split="wikitext").documents())
+    assert len(docs) == 2
+    assert docs[0].startswith("= Alpha =") and "= = Section = =" in docs[0]
+    assert docs[1] == "= Beta =\nbeta ."
+
+
+def test_fingerprint_follows_content(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text("one\n")
+    before = TextFilesCorpus(str(path)).fingerprint()
+    path.write_text("one, changed\n")
+    assert TextFilesCorpus(str(path)).fingerprint() != before
+    assert (
+        TextFilesCorpus(str(path), doc_split="file").fingerprint()
+        != TextFilesCorpus(str(path)).fingerprint()
+    )
+
+
+def test_glob_matching_nothing(tmp_path):
+    with pytest.raises(CorpusError, match="matches no file"):
+        TextFilesCorpus(str(tmp_path / "*.txt"))
+    with pytest.raises(CorpusError, match="empty"):
+        TextFilesCorpus([])
+
+
+def test_invalid_utf8_reports_file_and_offset(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"good line\nbad \xff byte\nlast\n")
+    with pytest.raises(CorpusError, match=r"bad.txt: invalid UTF-8 at byte offset 14"):
+        list(TextFilesCorpus(str(path)).documents())
+    assert list(TextFilesCorpus(str(path), errors="replace").documents()) == [
+        "good line\nbad \ufffd byte\nlast"
+    ]
+    assert list(TextFilesCorpus(str(path), errors="skip").documents()) == ["good line\nlast"]
+
+
+def test_bad_settings_named():
+    with pytest.raises(CorpusError, match="data.doc_split"):
+        TextFilesCorpus(["x"], doc_split="sentences")
+    with pytest.raises(CorpusError, match="data.errors"):
+        TextFilesCorpus(["x"], errors="ignore")
+
+
+def test_jsonl(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"body": "doc one"}) + "\n\n" + json.dumps({"body": "two"}) + "\n")
+    assert list(JsonlCorpus(str(path), text_field="body").documents()) == ["doc one", "two"]
+    with pytest.raises(CorpusError, match=r"d.jsonl:1: record has no field 'text'.*body"):
+        list(JsonlCorpus(str(path)).documents())
+    path.write_text("{broken\n")
+    with pytest.raises(CorpusError, match="d.jsonl:1: not valid JSON"):
+        list(JsonlCorpus(str(path), text_field="body").documents())
+
+
+def test_parquet(tmp_path):
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"content": ["a doc", "", "another"], "n": [1, 2, 3]}), path)
+    corpus = ParquetCorpus(str(path), text_field="content", batch_rows=2)
+    assert list(corpus.documents()) == ["a doc", "another"]
+    with pytest.raises(CorpusError, match="no column 'text'"):
+        list(ParquetCorpus(str(path)).documents())
+
+
+def test_real_wikitext2_articles(shared_data):
+    corpus = TextFilesCorpus(
+        str(shared_data / "wikitext/wikitext-2-raw/wiki.valid.raw"), doc_split="wikitext"
+    )
+    docs = list(corpus.documents())
+    assert len(docs) == 60  # SOURCES.md: 60 articles in the validation split
+    assert all(d.startswith("= ") for d in docs)

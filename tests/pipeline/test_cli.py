@@ -1,0 +1,160 @@
+"""The command line as users meet it: make overrides, error messages, run folders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import overrides_from_make, parse_makeflags
+from tests.conftest import REPO
+
+TRICKY_ARGS = [
+    "model=gpt",
+    "trainer.max_steps=50",
+    "data.paths=corpus/*.txt",
+    "prompt=The capital of  France",
+    'quote=it\'s "so"',
+    "money=$HOME\\n",
+    "+extra=[1,2]",
+    "QUICK=1",
+    "ARGS=~logger.csv +x='a b'",
+]
+
+
+def run_python(module: str, *args: str, env: dict | None = None, cwd: Path = REPO):
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+
+
+def test_overrides_survive_real_make(tmp_path):
+    (tmp_path / "Makefile").write_text("show:\n\t@printf '%s' \"$$MAKEFLAGS\" > flags.txt\n")
+    subprocess.run(["make", "-s", "show", *TRICKY_ARGS], cwd=tmp_path, check=True)
+    makeflags = (tmp_path / "flags.txt").read_text()
+    assert parse_makeflags(makeflags) == TRICKY_ARGS
+    assert overrides_from_make(makeflags) == [*TRICKY_ARGS[:7], "~logger.csv", "+x=a b"]
+
+
+def test_makeflags_without_variables():
+    assert parse_makeflags("") == []
+    assert parse_makeflags("s -j2") == []
+
+
+def test_make_help_lists_every_target():
+    out = subprocess.run(["make", "help"], cwd=REPO, capture_output=True, text=True).stdout
+    for target in (
+        "help",
+        "setup",
+        "pretrain",
+        "tokenizer",
+        "test",
+        "test-all",
+        "lint",
+        "format",
+        "clean",
+    ):
+        assert f"  {target} " in out
+
+
+def test_tokenizer_command_with_make_overrides(tmp_path):
+    env = {
+        "LMPIPE_FROM_MAKE": "1",
+        "MAKEFLAGS": (
+            f" -- tokenizer.vocab_size=3000 paths.cache_dir={tmp_path}/cache "
+            f"paths.output_root={tmp_path}/out model=gpt"
+        ),
+    }
+    result = run_python("pipeline.train_tokenizer", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "tokenizer   bpe, vocabulary" in result.stdout
+    assert "round trip  exact" in result.stdout
+    assert "MB/s" in result.stdout
+    (run_dir,) = (tmp_path / "out" / "gpt").iterdir()
+    assert (run_dir / "tokenizer.json").is_file()
+    again = run_python("pipeline.train_tokenizer", env=env)
+    assert "reused from cache" in again.stdout
+
+
+def test_bad_value_fails_fast_with_one_line(tmp_path):
+    result = run_python(
+        "pipeline.pretrain",
+        "optim.lr=-0.001",
+        f"paths.cache_dir={tmp_path}/c",
+        f"paths.output_root={tmp_path}/out",
+    )
+    assert result.returncode == 2
+    assert "error: optim.lr must be > 0, got -0.001" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "c").exists()  # nothing was trained or cached
+
+
+def test_unknown_model_fails_with_the_choices(tmp_path):
+    result = run_python("pipeline.pretrain", "model=berty", f"paths.output_root={tmp_path}")
+    assert result.returncode != 0
+    assert "Could not find 'model/berty'" in result.stderr and "gpt-124m" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_pretrain_reaches_the_end_of_what_exists(tmp_path):
+    result = run_python(
+        "pipeline.pretrain",
+        "model=bert-tiny",
+        f"paths.cache_dir={tmp_path}/c",
+        f"paths.output_root={tmp_path}/out",
+    )
+    assert "Traceback" not in result.stderr
+    if result.returncode == 3:  # before the training issues land: a clear message
+        assert "no training loop yet" in result.stderr
+        assert list((tmp_path / "c" / "tokenizers").iterdir())
+    else:
+        assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
+def test_ranks_of_one_run_share_one_folder(tmp_path, launcher):
+    env = {"LMPIPE_RUN_STAMP": "", "TORCHELASTIC_RUN_ID": "none"}
+    env.update(
+        {"WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "abc123"}
+        if launcher == "torchrun"
+        else {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3"}
+    )
+    args = [
+        "tokenizer.vocab_size=1000",
+        f"paths.cache_dir={tmp_path}/c",
+        f"paths.output_root={tmp_path}/out",
+    ]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pipeline.train_tokenizer", *args],
+            cwd=REPO,
+            env={**os.environ, **env, "RANK": str(rank)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for rank in range(2)
+    ]
+    assert [p.wait(timeout=120) for p in ranks] == [0, 0]
+    folders = [p.name for p in (tmp_path / "out" / "bert").iterdir()]
+    assert folders == (["torchrun-abc123"] if launcher == "torchrun" else ["slurm-77.3"])
+
+
+def test_single_process_runs_get_a_time_stamped_folder(tmp_path):
+    result = run_python(
+        "pipeline.train_tokenizer",
+        "tokenizer.vocab_size=1000",
+        f"paths.cache_dir={tmp_path}/c",
+        f"paths.output_root={tmp_path}/out",
+        env={"LMPIPE_RUN_STAMP": ""},
+    )
+    assert result.returncode == 0, result.stderr
+    (folder,) = (tmp_path / "out" / "bert").iterdir()
+    assert folder.name[:2] == "20" and len(folder.name) == len("2026-01-01_12-00-00")

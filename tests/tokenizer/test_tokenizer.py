@@ -1,0 +1,193 @@
+import json
+import random
+
+import pytest
+from tokenizers import Tokenizer
+
+import tokenizer.spec as spec_module
+from tests.conftest import ListCorpus
+from tokenizer import (
+    EmptyCorpusError,
+    MissingSpecialTokensError,
+    TokenizerLoadError,
+    TokenizerSpec,
+    get_tokenizer,
+    load_tokenizer,
+    special_ids,
+    tokenizer_cache_path,
+    train_tokenizer,
+)
+from tokenizer.build import batched
+
+UNICODE_SAMPLES = [
+    "plain ASCII, with punctuation!?",
+    "emoji 🙂👍🏽 and a family 👨‍👩‍👧 (ZWJ sequence)",
+    "CJK 東京都 中文 한국어 日本語のテキスト",
+    "combining marks: e\u0301 n\u0303 a\u0308\u0304 Z\u0351\u0352\u0353",
+    "control chars \x00 \x01 \x07 \x1b[31m \t tab \r\n crlf \x7f del",
+    "  leading and trailing spaces  ",
+    "\n\nnewlines only at start",
+    "RTL: שלום עולם مرحبا بالعالم",
+    "surrogates-free astral: 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟘𝟙𝟚 \U0010fffd",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def wordpiece(small_docs):
+    return train_tokenizer("wordpiece", batched(small_docs, 8), vocab_size=2000)
+
+
+@pytest.fixture(scope="module")
+def bpe(small_docs):
+    return train_tokenizer("bpe", batched(small_docs, 8), vocab_size=1000)
+
+
+def test_wordpiece_has_bert_specials_with_pad_zero(wordpiece):
+    ids = special_ids(wordpiece, "wordpiece")
+    assert ids.pad == 0
+    assert len({ids.pad, ids.unk, ids.cls, ids.sep, ids.mask}) == 5
+    assert 500 < wordpiece.get_vocab_size() <= 2000
+
+
+def test_wordpiece_pair_template_and_token_types(wordpiece):
+    enc = wordpiece.encode("The Object is here.", "Second part")
+    assert enc.tokens[0] == "[CLS]"
+    assert enc.tokens.count("[SEP]") == 2
+    first_sep = enc.tokens.index("[SEP]")
+    assert enc.type_ids == [0] * (first_sep + 1) + [1] * (len(enc.tokens) - first_sep - 1)
+    assert enc.tokens[-1] == "[SEP]"
+    # lower-casing normalizer: no upper-case letters survive
+    assert "object" in wordpiece.decode(enc.ids)
+    assert not any(c.isupper() for t in enc.tokens if not t.startswith("[") for c in t)
+
+
+def test_wordpiece_single_template(wordpiece):
+    enc = wordpiece.encode("hello")
+    assert enc.tokens[0] == "[CLS]" and enc.tokens[-1] == "[SEP]"
+    assert set(enc.type_ids) == {0}
+
+
+def test_wordpiece_decoder_joins_subwords(wordpiece):
+    text = "the interpreter evaluates expressions"
+    enc = wordpiece.encode(text, add_special_tokens=False)
+    assert wordpiece.decode(enc.ids) == text
+    pieces = wordpiece.encode("unrecognizablenesses", add_special_tokens=False).tokens
+    assert len(pieces) > 1 and all(p.startswith("##") for p in pieces[1:])
+    assert wordpiece.decode([wordpiece.token_to_id(p) for p in pieces]) == "unrecognizablenesses"
+
+
+@pytest.mark.parametrize("text", UNICODE_SAMPLES)
+def test_bpe_round_trips_unicode_exactly(bpe, text):
+    ids = bpe.encode(text).ids
+    assert bpe.decode(ids) == text
+
+
+def test_bpe_round_trips_random_code_points(bpe):
+    rng = random.Random(0)
+    ranges = [(0x0, 0x7F), (0x80, 0x7FF), (0x800, 0xD7FF), (0xE000, 0xFFFF), (0x10000, 0x10FFFF)]
+    for _ in range(200):
+        text = "".join(chr(rng.randint(*rng.choice(ranges))) for _ in range(rng.randint(1, 40)))
+        assert bpe.decode(bpe.encode(text).ids) == text
+
+
+def test_bpe_never_unknown_and_has_eot(bpe):
+    ids = special_ids(bpe, "bpe")
+    assert ids.eot == ids.pad
+    enc = bpe.encode("never seen: ꙮ 🦜 \u2603")
+    assert None not in enc.ids and all(0 <= i < bpe.get_vocab_size() for i in enc.ids)
+    # every single byte is in the base alphabet
+    assert bpe.get_vocab_size() >= 257
+
+
+def test_save_load_round_trip(tmp_path, wordpiece, bpe):
+    for name, tok in (("wp", wordpiece), ("bpe", bpe)):
+        path = tmp_path / f"{name}.json"
+        tok.save(str(path))
+        loaded = load_tokenizer(path)
+        text = "Some text, with Ünïcode 🙂."
+        assert loaded.encode(text, "pair").ids == tok.encode(text, "pair").ids
+        assert loaded.get_vocab() == tok.get_vocab()
+
+
+def test_load_directory_and_vocab_txt(tmp_path, wordpiece):
+    vocab = sorted(wordpiece.get_vocab().items(), key=lambda kv: kv[1])
+    (tmp_path / "vocab.txt").write_text("".join(f"{token}\n" for token, _ in vocab))
+    from_vocab = load_tokenizer(tmp_path)  # a directory holding vocab.txt
+    text = "the interpreter evaluates expressions"
+    assert from_vocab.encode(text, "and pairs").ids == wordpiece.encode(text, "and pairs").ids
+    assert special_ids(from_vocab, "wordpiece") == special_ids(wordpiece, "wordpiece")
+
+
+def test_missing_path_gives_clear_error(tmp_path):
+    with pytest.raises(TokenizerLoadError, match=r"does not exist.*tokenizer.json.*vocab.txt"):
+        load_tokenizer(tmp_path / "nope" / "tokenizer.json")
+    with pytest.raises(TokenizerLoadError, match="without tokenizer.json or vocab.txt"):
+        load_tokenizer(tmp_path)
+
+
+def test_corrupt_file_gives_clear_error(tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    with pytest.raises(TokenizerLoadError, match="not a valid tokenizer file"):
+        load_tokenizer(bad)
+
+
+def test_hub_name_offline_gives_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(TokenizerLoadError, match="HF_HUB_OFFLINE.*local"):
+        load_tokenizer("bert-base-uncased")
+
+
+def test_loaded_tokenizer_without_specials_is_refused(tmp_path, bpe):
+    path = tmp_path / "tokenizer.json"
+    bpe.save(str(path))
+    spec = TokenizerSpec(kind="wordpiece", path=str(path))
+    with pytest.raises(MissingSpecialTokensError, match=r"\[CLS\]"):
+        get_tokenizer(spec, ListCorpus(["unused"]), tmp_path / "cache")
+
+
+def test_empty_corpus_is_an_error(tmp_path):
+    with pytest.raises(EmptyCorpusError, match="empty"):
+        get_tokenizer(TokenizerSpec(kind="bpe", vocab_size=300), ListCorpus(["", "  \n"]), tmp_path)
+
+
+def test_invalid_specs():
+    with pytest.raises(ValueError, match="tokenizer.kind"):
+        TokenizerSpec(kind="sentencepiece")
+    with pytest.raises(ValueError, match="tokenizer.vocab_size"):
+        TokenizerSpec(kind="bpe", vocab_size=200)
+
+
+def test_cache_reuse_and_key(tmp_path, small_docs, monkeypatch):
+    corpus = ListCorpus(small_docs[:10])
+    spec = TokenizerSpec(kind="wordpiece", vocab_size=1500)
+    first = get_tokenizer(spec, corpus, tmp_path)
+    path = tokenizer_cache_path(spec, corpus, tmp_path)
+    assert path.is_file() and corpus.reads == 1
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a cached tokenizer must not be retrained")
+
+    monkeypatch.setattr(spec_module, "train_tokenizer", no_training)
+    second = get_tokenizer(spec, corpus, tmp_path)
+    assert second.get_vocab() == first.get_vocab()
+    assert corpus.reads == 1  # the corpus was not even read
+    # other settings or other text give another cache entry
+    assert (
+        tokenizer_cache_path(TokenizerSpec(kind="wordpiece", vocab_size=1600), corpus, tmp_path)
+        != path
+    )
+    assert tokenizer_cache_path(spec, ListCorpus(small_docs[:9]), tmp_path) != path
+
+
+def test_corrupt_cache_entry_is_rebuilt(tmp_path, small_docs):
+    corpus = ListCorpus(small_docs[:5])
+    spec = TokenizerSpec(kind="bpe", vocab_size=400)
+    get_tokenizer(spec, corpus, tmp_path)
+    path = tokenizer_cache_path(spec, corpus, tmp_path)
+    path.write_text(path.read_text()[:100])  # truncated, as by a crash of another writer
+    rebuilt = get_tokenizer(spec, corpus, tmp_path)
+    assert corpus.reads == 2
+    assert json.loads(path.read_text())["model"]["type"] == "BPE"
+    assert Tokenizer.from_file(str(path)).get_vocab() == rebuilt.get_vocab()

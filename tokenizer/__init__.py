@@ -1,0 +1,22 @@
+"""Tokenizers: train WordPiece (BERT) and byte-level BPE (GPT), load existing ones, cache them."""
+
+from tokenizer.build import EmptyCorpusError, batched, train_tokenizer
+from tokenizer.cache import atomic_path
+from tokenizer.load import TokenizerLoadError, load_tokenizer
+from tokenizer.spec import TokenizerSpec, get_tokenizer, tokenizer_cache_path
+from tokenizer.special import MissingSpecialTokensError, SpecialIds, special_ids
+
+__all__ = [
+    "EmptyCorpusError",
+    "MissingSpecialTokensError",
+    "SpecialIds",
+    "TokenizerLoadError",
+    "TokenizerSpec",
+    "atomic_path",
+    "batched",
+    "get_tokenizer",
+    "load_tokenizer",
+    "special_ids",
+    "tokenizer_cache_path",
+    "train_tokenizer",
+]

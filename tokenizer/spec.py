@@ -1,0 +1,95 @@
+"""What tokenizer a run uses (`conf/tokenizer/*.yaml`), and getting it: load, reuse from cache,
+or train."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from tokenizer.build import batched, train_tokenizer
+from tokenizer.cache import cache_key, cached_tokenizer_path, read_cached, write_cached
+from tokenizer.load import load_tokenizer
+from tokenizer.special import SPECIALS_BY_KIND, special_ids
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenizerSpec:
+    """Settings of the run's tokenizer.
+
+    Attributes:
+        kind: "wordpiece" (BERT) or "bpe" (byte-level BPE, GPT).
+        vocab_size: target vocabulary size when training, special tokens included.
+        min_frequency: a merge needs at least this many occurrences.
+        lowercase: WordPiece only: lower-case and strip accents (uncased BERT).
+        path: an existing tokenizer to load instead of training (tokenizer.json, vocab.txt, a
+            directory holding one, or a hub name when online).
+    """
+
+    kind: str = "wordpiece"
+    vocab_size: int = 8192
+    min_frequency: int = 2
+    lowercase: bool = True
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in SPECIALS_BY_KIND:
+            raise ValueError(
+                f"tokenizer.kind={self.kind!r} is not one of {sorted(SPECIALS_BY_KIND)}"
+            )
+        floor = len(SPECIALS_BY_KIND[self.kind]) + (256 if self.kind == "bpe" else 0)
+        if not isinstance(self.vocab_size, int) or self.vocab_size <= floor:
+            raise ValueError(
+                f"tokenizer.vocab_size={self.vocab_size!r} is too small for {self.kind}; "
+                f"it must exceed {floor} (special tokens"
+                f"{' + 256 byte symbols' if self.kind == 'bpe' else ''})"
+            )
+        if self.min_frequency < 1:
+            raise ValueError(f"tokenizer.min_frequency must be >= 1, got {self.min_frequency}")
+
+    def training_settings(self) -> dict:
+        settings = asdict(self)
+        settings.pop("path")
+        if self.kind == "bpe":
+            settings.pop("lowercase")  # byte-level BPE never normalizes
+        return settings
+
+
+def get_tokenizer(spec: TokenizerSpec, corpus, cache_dir: str | os.PathLike) -> Tokenizer:
+    """The run's tokenizer: loaded from `spec.path`, else from the cache, else trained and cached.
+
+    Args:
+        spec: tokenizer settings.
+        corpus: a corpus from `datamodules.corpus` (only read when training).
+        cache_dir: root of the project's caches.
+    """
+    if spec.path:
+        tokenizer = load_tokenizer(spec.path, lowercase=spec.lowercase)
+        special_ids(tokenizer, spec.kind)  # fail now if it lacks our special tokens
+        return tokenizer
+    path = tokenizer_cache_path(spec, corpus, cache_dir)
+    tokenizer = read_cached(path)
+    if tokenizer is not None:
+        log.info("reusing cached tokenizer %s", path)
+        return tokenizer
+    log.info(
+        "training a %s tokenizer (vocab %d) on %s", spec.kind, spec.vocab_size, corpus.describe()
+    )
+    tokenizer = train_tokenizer(
+        spec.kind, batched(corpus.documents()), spec.vocab_size, spec.min_frequency, spec.lowercase
+    )
+    write_cached(tokenizer, path)
+    log.info("saved tokenizer to %s", path)
+    return tokenizer
+
+
+def tokenizer_cache_path(spec: TokenizerSpec, corpus, cache_dir: str | os.PathLike) -> Path:
+    """Where `get_tokenizer` caches the tokenizer trained for (spec, corpus)."""
+    return cached_tokenizer_path(
+        cache_dir, spec.kind, cache_key(corpus.fingerprint(), spec.training_settings())
+    )
