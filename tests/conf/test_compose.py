@@ -18,6 +18,7 @@ from pipeline.config import check_config
 from tests.conftest import CONF, compose_pretrain
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+FILE_DATA = {"text_files", "jsonl", "parquet", "wikitext2"}
 GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine"}
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]
 
@@ -33,7 +34,8 @@ def overrides_for(group: str, option: str, tmp_path: Path, text_file: Path) -> l
     overrides = [f"{group}={option}", f"paths.cache_dir={tmp_path}"]
     if option in GPT_ONLY_OPTIONS:
         overrides.append("model=gpt")
-    if group == "data" and option in ("text_files", "jsonl", "parquet", "wikitext2"):
+    reads_local_files = (group == "data" and option in FILE_DATA) or group == "experiment"
+    if reads_local_files:  # experiments read local files too; tests never need ../shared
         data_file = {"jsonl": tmp_path / "d.jsonl", "parquet": tmp_path / "d.parquet"}.get(
             option, text_file
         )
