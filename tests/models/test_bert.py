@@ -1,0 +1,131 @@
+"""BERT: parity with transformers' BertForPreTraining, the gathered MLM path, padding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.bert import (
+    BertConfig,
+    BertForPreTraining,
+    masked_positions_from_labels,
+    pretraining_loss,
+)
+from models.hf import load_hf_bert
+from tests.models.oracles import hf_bert, padded_batch
+
+V = 1000
+
+
+def bert_inputs(B=3, T=24, lengths=(24, 17, 9), seed=0):
+    ids, mask = padded_batch(B, T, V, list(lengths), seed=seed)
+    # sentence B starts halfway through each row's real tokens
+    token_types = (torch.arange(T)[None] >= torch.tensor(lengths)[:, None] // 2).long() * mask
+    return ids, mask, token_types
+
+
+@pytest.mark.parametrize("size", ["tiny", "mini"])
+def test_logits_match_hf_with_padding_and_token_types(size):
+    hf = hf_bert(size)
+    ours = load_hf_bert(hf).eval()
+    ids, mask, token_types = bert_inputs()
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, token_type_ids=token_types)
+        out = ours(ids, attention_mask=mask, token_type_ids=token_types)
+    real = mask.bool()
+    assert (out.mlm_logits[real] - ref.prediction_logits[real]).abs().max() < 1e-4
+    assert (out.nsp_logits - ref.seq_relationship_logits).abs().max() < 1e-4
+
+
+def test_loss_matches_hf_pretraining_loss():
+    hf = hf_bert("tiny")
+    ours = load_hf_bert(hf).eval()
+    ids, mask, token_types = bert_inputs()
+    masked = (torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)) < 0.3) & mask.bool()
+    labels = torch.where(masked, ids, -100)
+    nsp = torch.tensor([0, 1, 1])
+    with torch.no_grad():
+        ref = hf(
+            input_ids=ids,
+            attention_mask=mask,
+            token_type_ids=token_types,
+            labels=labels,
+            next_sentence_label=nsp,
+        ).loss
+        positions, targets = masked_positions_from_labels(labels)
+        out = ours(ids, attention_mask=mask, token_type_ids=token_types, masked_positions=positions)
+    torch.testing.assert_close(pretraining_loss(out, targets, nsp).total, ref, atol=1e-5, rtol=0)
+
+
+def test_masked_positions_path_equals_full_path_at_those_positions():
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V, init_std=0.1)).eval()
+    ids, mask, token_types = bert_inputs()
+    labels = torch.full_like(ids, -100)
+    labels[0, [1, 5, 20]] = 7
+    labels[2, [3]] = 9
+    positions, targets = masked_positions_from_labels(labels)
+    assert positions.tolist() == [1, 5, 20, 2 * 24 + 3] and targets.tolist() == [7, 7, 7, 9]
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask, token_type_ids=token_types)
+        flat = model(
+            ids, attention_mask=mask, token_type_ids=token_types, masked_positions=positions
+        )
+        per_row = torch.tensor([[1, 5, 20], [0, 0, 0], [3, 3, 3]])
+        rows = model(ids, attention_mask=mask, token_type_ids=token_types, masked_positions=per_row)
+    assert flat.mlm_logits.shape == (4, V) and rows.mlm_logits.shape == (3, 3, V)
+    torch.testing.assert_close(flat.mlm_logits, full.mlm_logits.flatten(0, 1)[positions])
+    torch.testing.assert_close(
+        rows.mlm_logits, full.mlm_logits.gather(1, per_row[..., None].expand(-1, -1, V))
+    )
+    torch.testing.assert_close(flat.nsp_logits, full.nsp_logits)
+
+
+def test_padding_does_not_change_real_positions():
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V, init_std=0.1)).eval()
+    ids = torch.randint(0, V, (2, 10))
+    token_types = torch.tensor([[0] * 5 + [1] * 5] * 2)
+    padded_ids = torch.cat([ids, torch.randint(0, V, (2, 6))], dim=1)  # pads hold junk ids
+    padded_types = torch.cat([token_types, torch.ones(2, 6, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.ones(2, 10), torch.zeros(2, 6)], dim=1).long()
+    with torch.no_grad():
+        short = model(ids, token_type_ids=token_types)
+        long = model(padded_ids, attention_mask=mask, token_type_ids=padded_types)
+    torch.testing.assert_close(long.mlm_logits[:, :10], short.mlm_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(long.nsp_logits, short.nsp_logits, atol=1e-5, rtol=0)
+
+
+def test_bf16_autocast_shapes_and_dtypes():
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
+    ids, mask, token_types = bert_inputs()
+    positions, targets = masked_positions_from_labels(torch.where(mask.bool(), ids, -100))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(
+            ids, attention_mask=mask, token_type_ids=token_types, masked_positions=positions
+        )
+        loss = pretraining_loss(out, targets, torch.tensor([0, 1, 0])).total
+    loss.backward()
+    assert out.mlm_logits.shape == (len(positions), V) and out.mlm_logits.dtype == torch.bfloat16
+    assert out.nsp_logits.shape == (3, 2) and out.nsp_logits.dtype == torch.bfloat16
+    assert out.hidden_states.shape == (3, 24, 128) and out.pooled.shape == (3, 128)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    assert model.bert.embeddings.word.weight.grad.dtype == torch.float32
+
+
+def test_init_weights_follows_bert_recipe():
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("mini", vocab_size=V))
+    layer = model.bert.layers[0]
+    assert abs(layer.ff_in.weight.std().item() - 0.02) < 1e-3
+    assert layer.qkv.bias.abs().max() == 0 and model.mlm_bias.abs().max() == 0
+    assert torch.equal(layer.attn_norm.weight, torch.ones(256))
+    # the MLM decoder is the word embedding, not a copy
+    params = dict(model.named_parameters())
+    assert "mlm_decoder.weight" not in params and len(params) == len(set(map(id, params.values())))
+
+
+def test_sequence_longer_than_positions_fails_clearly():
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V, max_seq_len=8))
+    with pytest.raises(ValueError, match="max_seq_len=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))

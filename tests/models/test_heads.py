@@ -1,0 +1,69 @@
+"""Sequence classification / regression heads over BERT and GPT."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.bert import BertConfig, BertForPreTraining
+from models.gpt import GPT, GPTConfig
+from models.heads import SequenceClassifier, last_token_index, sequence_loss
+
+V = 500
+
+
+def test_last_token_index_for_both_padding_sides():
+    mask = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert last_token_index(mask).tolist() == [2, 4, 4]
+
+
+def test_bert_head_scores_the_pooled_cls_state():
+    torch.manual_seed(0)
+    bert = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
+    head = SequenceClassifier(bert, 3).eval()
+    assert head.backbone is bert.bert
+    ids = torch.randint(0, V, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        pooled = bert.bert(ids, attention_mask=mask).pooled
+        logits = head(ids, attention_mask=mask)
+    torch.testing.assert_close(logits, head.classifier(pooled))
+    assert logits.shape == (2, 3)
+
+
+def test_gpt_head_uses_last_real_token_whatever_the_padding_side():
+    torch.manual_seed(0)
+    head = SequenceClassifier(GPT(GPTConfig.from_preset("tiny", vocab_size=V)), 2).eval()
+    seq = torch.randint(0, V, (1, 6))
+    pad = torch.zeros(1, 3, dtype=torch.long)
+    ones, zeros = torch.ones(1, 6, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long)
+    with torch.no_grad():
+        alone = head(seq)
+        right = head(torch.cat([seq, pad], 1), attention_mask=torch.cat([ones, zeros], 1))
+        left = head(torch.cat([pad, seq], 1), attention_mask=torch.cat([zeros, ones], 1))
+    torch.testing.assert_close(right, alone, atol=1e-5, rtol=0)
+    torch.testing.assert_close(left, alone, atol=1e-5, rtol=0)
+
+
+def test_regression_head_and_losses():
+    torch.manual_seed(0)
+    head = SequenceClassifier(BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V)), 1)
+    ids = torch.randint(0, V, (4, 7))
+    scores = head(ids)
+    assert scores.shape == (4, 1)
+    labels = torch.tensor([0.0, 1.5, 3.0, 5.0])
+    torch.testing.assert_close(sequence_loss(scores, labels), F.mse_loss(scores[:, 0], labels))
+    logits = torch.randn(4, 3)
+    classes = torch.tensor([0, 2, 1, 2])
+    torch.testing.assert_close(sequence_loss(logits, classes), F.cross_entropy(logits, classes))
+    sequence_loss(scores, labels).backward()
+    assert head.classifier.weight.grad is not None
+
+
+def test_head_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="Linear"):
+        SequenceClassifier(torch.nn.Linear(2, 2), 2)
+    with pytest.raises(ValueError, match="n_outputs"):
+        SequenceClassifier(GPT(GPTConfig.from_preset("tiny", vocab_size=V)), 0)
