@@ -1,0 +1,223 @@
+"""Data-pipeline throughput: token-store building against raw `tokenizers`, DataLoader batches/s
+against the mini models' training-step rate.
+
+    python bench/bench_data.py [--quick] [--reps 3] [--batches 200] [--out bench/results/data.json]
+    make bench-data
+
+1. Store building: MB of raw text per second for building the BERT store (read, sentence-split,
+   encode, write, checksum) and the GPT store (read, encode, EOS, write, checksum), against
+   `Tokenizer.encode_batch` on the same documents already in memory, in the same run, with the
+   same tokenizer. Runs alternate and the median is reported (shared CPUs are noisy).
+   Target: the store reaches >= 70% of raw `encode_batch` throughput.
+2. DataLoader: batches/s of the training loader for BERT (NSP pairs, dynamic masking, seq 128,
+   batch 32) and GPT (packed windows, seq 256, batch 16) with 0 and 2 workers, after the first
+   batch (worker start-up excluded).
+3. Mini models: fwd + bwd + AdamW steps/s of BERT-mini and GPT-mini (models/) on the same
+   batches, on `--device` (CUDA when present, else this CPU). Target: the loader's batches/s
+   >= 20x the training-step rate.
+
+Corpus: WikiText-2 train (tokenized, 10.8 MB) from ../shared/data through the local-files source;
+`--quick` uses the 1.1 MB raw validation split; without the shared data, the embedded corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from datamodules.corpus import EmbeddedCorpus, TextFilesCorpus
+from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.pretrain import PretrainDataModule, store_settings
+from datamodules.store_build import build_store
+from tokenizer import batched, train_tokenizer
+
+SHARED = Path(
+    os.environ.get("LMPIPE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
+CORPORA = {
+    "full": SHARED / "wikitext/wikitext-2-tokenized/train.txt.gz",
+    "quick": SHARED / "wikitext/wikitext-2-raw/wiki.valid.raw",
+}
+MODELS = {
+    "bert": ("wordpiece", MaskedLMObjective(seq_len=128, batch_size=32)),
+    "gpt": ("bpe", CausalLMObjective(seq_len=256, batch_size=16)),
+}
+
+
+def load_corpus(quick: bool):
+    path = CORPORA["quick" if quick else "full"]
+    if path.is_file():
+        return TextFilesCorpus(str(path), doc_split="wikitext"), path.name
+    print(f"note: {path} not found, using the embedded corpus", file=sys.stderr)
+    return EmbeddedCorpus(), "embedded corpus"
+
+
+def bench_store(corpus, docs: list[str], tokenizer, kind: str, objective, reps: int) -> dict:
+    """Median MB/s of raw encode_batch, encode_batch_fast and the store build, interleaved."""
+    settings = store_settings(objective, tokenizer, kind)
+    megabytes = sum(len(d.encode()) for d in docs) / 1e6
+    fingerprint = corpus.fingerprint()
+    rates: dict[str, list[float]] = {"encode_batch": [], "encode_batch_fast": [], "store": []}
+    for _ in range(reps):
+        for name in ("encode_batch", "encode_batch_fast"):
+            start = time.perf_counter()
+            getattr(tokenizer, name)(docs, add_special_tokens=False)
+            rates[name].append(megabytes / (time.perf_counter() - start))
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            stats = build_store(corpus, tokenizer, settings, Path(tmp) / "store", fingerprint)
+            rates["store"].append(megabytes / (time.perf_counter() - start))
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    return {
+        "text_mb": megabytes,
+        "documents": stats.documents,
+        "tokens": stats.tokens,
+        "mb_per_s": median,
+        "runs_mb_per_s": rates,
+        "store_vs_encode_batch": median["store"] / median["encode_batch"],
+        "store_vs_encode_batch_fast": median["store"] / median["encode_batch_fast"],
+    }
+
+
+def bench_loader(dm: PretrainDataModule, workers: int, batches: int) -> dict:
+    """batches/s of the training loader after its first batch."""
+    dm.num_workers = workers
+    loader = dm.train_dataloader()
+    iterator = iter(loader)
+    next(iterator)  # worker start-up and first epoch's instances are not steady state
+    count = min(batches, len(loader) - 1)
+    start = time.perf_counter()
+    for _ in range(count):
+        next(iterator)
+    seconds = time.perf_counter() - start
+    del iterator
+    return {"workers": workers, "batches": count, "batches_per_s": count / seconds}
+
+
+def mini_model_step(
+    model_name: str, vocab_size: int, batches: list[dict], steps: int, device: torch.device
+) -> dict:
+    """Median fwd + bwd + AdamW step time of the mini model on real batches."""
+    from models import GPT, BertConfig, BertForPreTraining, GPTConfig, pretraining_loss
+
+    torch.manual_seed(0)
+    batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
+    if model_name == "bert":
+        model = BertForPreTraining(BertConfig.from_preset("mini", vocab_size=vocab_size))
+
+        def loss_of(batch):
+            out = model(
+                batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                token_type_ids=batch["token_type_ids"],
+                masked_positions=batch["masked_positions"],
+            )
+            return pretraining_loss(out, batch["mlm_labels"], batch["nsp_labels"]).total
+
+    else:
+        model = GPT(GPTConfig.from_preset("mini", vocab_size=vocab_size))
+
+        def loss_of(batch):
+            return model(batch["input_ids"], targets=batch["targets"]).loss
+
+    model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times = []
+    for i in range(steps + 1):
+        start = time.perf_counter()
+        loss_of(batches[i % len(batches)]).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first step warms up allocators and kernels
+            times.append(time.perf_counter() - start)
+    return {"median_step_s": statistics.median(times), "steps_per_s": 1 / statistics.median(times)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small corpus, 1 rep, few batches")
+    parser.add_argument("--reps", type=int, default=3, help="store-building repetitions")
+    parser.add_argument("--batches", type=int, default=200, help="timed loader batches")
+    parser.add_argument("--model-steps", type=int, default=5, help="timed mini-model steps")
+    parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/data.json"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.reps, args.batches, args.model_steps = 1, 50, 2
+    logging.basicConfig(level=logging.WARNING)
+
+    corpus, corpus_name = load_corpus(args.quick)
+    docs = list(corpus.documents())
+    cache = tempfile.TemporaryDirectory()
+    results = {}
+    for name, (kind, objective) in MODELS.items():
+        tokenizer = train_tokenizer(kind, batched(docs[: max(50, len(docs) // 3)]), args.vocab_size)
+        row = {"store": bench_store(corpus, docs, tokenizer, kind, objective, args.reps)}
+        dm = PretrainDataModule(corpus, tokenizer, kind, objective, cache.name, val_fraction=0.0)
+        dm.setup("fit")
+        row["loader"] = [bench_loader(dm, workers, args.batches) for workers in (0, 2)]
+        dm.num_workers = 0
+        sample = [batch for batch, _ in zip(dm.train_dataloader(), range(4), strict=False)]
+        row["mini_model"] = mini_model_step(
+            name, tokenizer.get_vocab_size(), sample, args.model_steps, torch.device(args.device)
+        )
+        best_loader = max(r["batches_per_s"] for r in row["loader"])
+        row["loader_vs_model_steps"] = best_loader / row["mini_model"]["steps_per_s"]
+        results[name] = row
+    cache.cleanup()
+
+    report = {
+        "benchmark": "token-store MB/s vs raw tokenizers; DataLoader batches/s vs mini-model steps/s",
+        "corpus": corpus_name,
+        "machine": platform.processor() or platform.machine(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "model_device": args.device,
+        "torch": torch.__version__,
+        "quick": args.quick,
+        "results": results,
+    }
+    print_table(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return report
+
+
+def print_table(report: dict) -> None:
+    print(
+        f"\n{report['corpus']}, {report['cpus']} CPUs, mini models on {report['model_device']}, "
+        "medians\n"
+    )
+    print(
+        "| model | text MB | encode_batch MB/s | encode_batch_fast MB/s | store MB/s | "
+        "store / encode_batch | loader batches/s (0 / 2 workers) | mini step/s | loader / step |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, row in report["results"].items():
+        store, rates = row["store"], row["store"]["mb_per_s"]
+        loader = " / ".join(f"{r['batches_per_s']:,.0f}" for r in row["loader"])
+        print(
+            f"| {name} | {store['text_mb']:.1f} | {rates['encode_batch']:.2f} | "
+            f"{rates['encode_batch_fast']:.2f} | {rates['store']:.2f} | "
+            f"{store['store_vs_encode_batch']:.0%} | {loader} | "
+            f"{row['mini_model']['steps_per_s']:.2f} | {row['loader_vs_model_steps']:,.0f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""Datasets whose items are whole, collated batches, keyed by (epoch, batch index).
+
+A batch is a pure function of (seed, split, epoch, batch index, rank): which items it holds
+(`ShardPlan` over the epoch's seeded order) and its random masks (a generator seeded by the same
+numbers). DataLoader workers therefore build exactly the batches the main process would, in any
+number, and a resumed run rebuilds batch k of epoch e directly instead of replaying 0..k-1.
+
+Items are dicts of int64 numpy arrays (`PretrainDataModule`'s loaders hand them out as torch
+tensors; see `datamodules.pretrain.BatchLoader` for why the conversion happens there):
+
+BERT (`BertBatches`), T = longest instance rounded up to a multiple of 8 (at most seq_len):
+    input_ids        (B, T)  [CLS] A [SEP] B [SEP] then [PAD], after MLM replacement
+    token_type_ids   (B, T)  0 for [CLS] A [SEP], 1 for B [SEP], 0 for padding
+    attention_mask   (B, T)  1 for real tokens, 0 for padding
+    masked_positions (N,)    flat indices row * T + col of the N predicted tokens, ascending
+                             (what `BertForPreTraining.forward(masked_positions=...)` gathers)
+    mlm_labels       (N,)    original ids at those positions
+    nsp_labels       (B,)    0 = B follows A, 1 = B is random (only with NSP)
+
+GPT (`GPTBatches`), T = objective.seq_len:
+    input_ids        (B, T)  packed stream tokens
+    targets          (B, T)  the same window shifted by one (`GPT.forward(targets=...)`)
+    doc_ids          (B, T)  segment ids, only with document_masking (see `packing`)
+    position_ids     (B, T)  positions restarting per segment, only with document_masking
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from datamodules.masking import MLMMasker
+from datamodules.nsp import LABEL, NO_PAIR, InstanceBuilder
+from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.packing import PackedStream, document_ids
+from datamodules.sharding import ShardPlan
+from datamodules.store import TokenStore
+from tokenizer import SpecialIds
+
+TRAIN, VAL = 0, 1  # split tags mixed into every seed, so the two never share randomness
+SPLIT_NAMES = ("training", "validation")
+_ORDER, _INSTANCES, _BATCH = 1, 2, 3  # purpose tags, likewise
+_PAD_MULTIPLE = 8
+
+
+class EpochBatches(Dataset):
+    """Base class: one rank's batches of an epoch. Subclasses say what the items are (calling
+    `set_num_items` once they know how many) and how a batch of them is built.
+
+    Args:
+        batch_size: items per batch on each rank.
+        rank, world_size: this process's shard.
+        seed: the run's data seed (>= 0).
+        split: TRAIN or VAL.
+        shuffle: a new seeded item order every epoch; False keeps the natural order.
+    """
+
+    def __init__(
+        self, batch_size: int, *, rank: int, world_size: int, seed: int, split: int, shuffle: bool
+    ) -> None:
+        if seed < 0:
+            raise ValueError(f"the data seed must be >= 0, got {seed}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.split = split
+        self.shuffle = shuffle
+        self.plan = ShardPlan(0, batch_size, world_size)
+        self._orders: dict[int, np.ndarray] = {}
+
+    def set_num_items(self, num_items: int) -> None:
+        """Fix the number of items per epoch (the same every epoch)."""
+        self.plan = ShardPlan(num_items, self.batch_size, self.world_size)
+        self._orders = {}
+
+    def __len__(self) -> int:
+        return self.plan.num_batches
+
+    def __getitem__(self, key: tuple[int, int]) -> dict[str, np.ndarray]:
+        epoch, index = key
+        rng = np.random.default_rng([self.seed, self.split, _BATCH, epoch, index, self.rank])
+        return self.make_batch(epoch, self.batch_items(epoch, index), rng)
+
+    def batch_items(self, epoch: int, index: int) -> np.ndarray:
+        """Item ids (into the epoch's items) of this rank's batch `index`."""
+        start, stop = self.plan.bounds(index, self.rank)
+        return self.order(epoch)[start:stop]
+
+    def order(self, epoch: int) -> np.ndarray:
+        """(num_items,) the epoch's item order (cached for the current and previous epoch)."""
+        if epoch not in self._orders:
+            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1}
+            self._orders[epoch] = self._make_order(epoch)
+        return self._orders[epoch]
+
+    def _make_order(self, epoch: int) -> np.ndarray:
+        return self._arrange(epoch, self.plan.num_items)
+
+    def _arrange(self, epoch: int, count: int) -> np.ndarray:
+        """0..count-1, shuffled by the epoch's seed when the dataset shuffles."""
+        if not self.shuffle:
+            return np.arange(count)
+        return self.rng(epoch, _ORDER).permutation(count)
+
+    def rng(self, epoch: int, purpose: int) -> np.random.Generator:
+        """A generator for one purpose in one epoch, the same on every rank."""
+        return np.random.default_rng([self.seed, self.split, purpose, epoch])
+
+    def make_batch(
+        self, epoch: int, items: np.ndarray, rng: np.random.Generator
+    ) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+
+def _int64(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: np.ascontiguousarray(v, np.int64) for name, v in batch.items()}
+
+
+class BertBatches(EpochBatches):
+    """NSP instances, regenerated every epoch, collated with fresh MLM masks.
+
+    An epoch's instances depend on its seed, so their number varies a little between epochs;
+    the epoch size is fixed to epoch 0's count (Lightning and the LR schedule need a fixed
+    length): a larger epoch leaves out its last few shuffled instances, a smaller one repeats
+    its first few.
+
+    Args:
+        store: a BERT store (with sentences).
+        documents: the split's document indices.
+        objective: the MLM/NSP settings.
+        masker: the MLM masker.
+        special: the tokenizer's special ids.
+        **shard: the keyword arguments of `EpochBatches`.
+    """
+
+    def __init__(
+        self,
+        store: TokenStore,
+        documents: np.ndarray,
+        objective: MaskedLMObjective,
+        masker: MLMMasker,
+        special: SpecialIds,
+        **shard,
+    ) -> None:
+        if store.sentence_offsets is None:
+            raise ValueError(f"{store.path} has no sentence offsets: it is not a BERT store")
+        super().__init__(objective.batch_size, **shard)
+        self.store = store
+        self.objective = objective
+        self.masker = masker
+        self.special = special
+        self.builder = InstanceBuilder(
+            store.sentence_offsets,
+            store.doc_sentences,
+            documents,
+            objective.seq_len,
+            objective.short_seq_prob,
+            objective.next_sentence_prediction,
+        )
+        self._instances: dict[int, np.ndarray] = {}
+        self.set_num_items(len(self.instances(0)))
+
+    def instances(self, epoch: int) -> np.ndarray:
+        """(M, 6) the epoch's NSP instances (see `datamodules.nsp.FIELDS`), cached per epoch."""
+        if epoch not in self._instances:
+            seed = self.rng(epoch, _INSTANCES).integers(1 << 63)
+            self._instances = {epoch: self.builder.build(int(seed))}
+        return self._instances[epoch]
+
+    def _make_order(self, epoch: int) -> np.ndarray:
+        order = self._arrange(epoch, len(self.instances(epoch)))
+        return np.resize(order, self.plan.num_items)  # cut, or wrap around to the start
+
+    def make_batch(
+        self, epoch: int, items: np.ndarray, rng: np.random.Generator
+    ) -> dict[str, np.ndarray]:
+        table = self.instances(epoch)[items]
+        input_ids, token_type_ids, attention_mask = assemble_pairs(
+            self.store.tokens, table, self.special, self.objective.seq_len
+        )
+        masked, positions, labels = self.masker(input_ids, rng)
+        batch = {
+            "input_ids": masked,
+            "token_type_ids": token_type_ids,
+            "attention_mask": attention_mask,
+            "masked_positions": positions,
+            "mlm_labels": labels,
+        }
+        if self.objective.next_sentence_prediction:
+            batch["nsp_labels"] = table[:, LABEL]
+        return _int64(batch)
+
+
+def assemble_pairs(
+    tokens: np.ndarray, table: np.ndarray, special: SpecialIds, seq_len: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lay out instances as `[CLS] A [SEP] B [SEP]` rows, padded to the longest.
+
+    Args:
+        tokens: (N,) the store's token array.
+        table: (B, 6) instances (`datamodules.nsp.FIELDS`).
+        special: special ids (cls, sep, pad).
+        seq_len: the objective's length; rows are padded to the longest rounded up to a
+            multiple of 8 (tensor-core friendly) but never beyond seq_len.
+
+    Returns:
+        input_ids, token_type_ids, attention_mask, each (B, T) int64.
+    """
+    a_start, a_end, _, b_start, b_end, label = table.T
+    has_b = label != NO_PAIR
+    a_len, b_len = a_end - a_start, b_end - b_start
+    lengths = 2 + a_len + np.where(has_b, b_len + 1, 0)
+    longest = int(lengths.max())
+    width = min(-(-longest // _PAD_MULTIPLE) * _PAD_MULTIPLE, max(seq_len, longest))
+    input_ids = np.full((len(table), width), special.pad, dtype=np.int64)
+    token_type_ids = np.zeros((len(table), width), dtype=np.int64)
+    input_ids[:, 0] = special.cls
+    for row in range(len(table)):
+        a = int(a_len[row])
+        input_ids[row, 1 : 1 + a] = tokens[a_start[row] : a_end[row]]
+        input_ids[row, 1 + a] = special.sep
+        if has_b[row]:
+            b = int(b_len[row])
+            input_ids[row, 2 + a : 2 + a + b] = tokens[b_start[row] : b_end[row]]
+            input_ids[row, 2 + a + b] = special.sep
+            token_type_ids[row, 2 + a : 3 + a + b] = 1
+    attention_mask = (np.arange(width) < lengths[:, None]).astype(np.int64)
+    return input_ids, token_type_ids, attention_mask
+
+
+class GPTBatches(EpochBatches):
+    """Packed windows of a split's document stream.
+
+    Args:
+        store: a GPT store (documents end with EOS).
+        documents: the split's document indices.
+        objective: the causal-LM settings.
+        **shard: the keyword arguments of `EpochBatches`.
+    """
+
+    def __init__(
+        self,
+        store: TokenStore,
+        documents: np.ndarray,
+        objective: CausalLMObjective,
+        **shard,
+    ) -> None:
+        if store.eos_id is None:
+            raise ValueError(f"{store.path} has no end-of-text separators: it is not a GPT store")
+        super().__init__(objective.batch_size, **shard)
+        self.stream = PackedStream(store.tokens, store.doc_offsets, documents)
+        self.objective = objective
+        self.eos_id = store.eos_id
+        windows = self.stream.num_windows(objective.seq_len)
+        if windows == 0:
+            raise ValueError(
+                f"the {SPLIT_NAMES[self.split]} documents hold {len(self.stream)} tokens, fewer "
+                f"than one window of objective.seq_len + 1 = {objective.seq_len + 1}; use more "
+                "text, a larger val_fraction, or a shorter seq_len"
+            )
+        self.set_num_items(windows)
+
+    def make_batch(
+        self, epoch: int, items: np.ndarray, rng: np.random.Generator
+    ) -> dict[str, np.ndarray]:
+        windows = self.stream.windows(items, self.objective.seq_len)
+        batch = {"input_ids": windows[:, :-1], "targets": windows[:, 1:]}
+        if self.objective.document_masking:
+            batch["doc_ids"], batch["position_ids"] = document_ids(batch["input_ids"], self.eos_id)
+        return _int64(batch)

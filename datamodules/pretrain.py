@@ -1,0 +1,417 @@
+"""`PretrainDataModule`: the LightningDataModule of BERT (MLM + NSP) and GPT (causal LM) runs.
+
+    dm = PretrainDataModule(corpus, tokenizer, "wordpiece", MaskedLMObjective(), cache_dir)
+    trainer.fit(module, datamodule=dm)
+
+- `prepare_data` (Lightning runs it on local rank 0) builds the token stores if they are missing
+  or damaged; `setup` opens them on every rank (building, or waiting for the builder, when
+  `prepare_data` did not run), holds out the validation documents and builds the datasets.
+- Batches are described in `datamodules.batches`; each rank reads a disjoint share
+  (`datamodules.sharding`).
+- `state_dict()` records the position (epoch, batches done in the epoch) and the seed that,
+  with the position, determines every batch; Lightning saves it in checkpoints.
+  `load_state_dict()` makes the next training epoch start exactly there: a resumed run gets the
+  batches the uninterrupted run would have got next, without replaying the skipped ones.
+
+`prepare_stores` builds the stores ahead of training and returns their stats (`make prepare`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from torch.utils.data import DataLoader
+
+from datamodules.batches import TRAIN, VAL, BertBatches, EpochBatches, GPTBatches
+from datamodules.masking import MLMMasker, continuation_table
+from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.sharding import EpochSampler, split_documents
+from datamodules.store import StoreSettings, TokenStore
+from datamodules.store_build import StoreStats, open_or_build_store, store_path
+from tokenizer import SpecialIds, special_ids
+
+log = logging.getLogger(__name__)
+
+Objective = MaskedLMObjective | CausalLMObjective
+STATE_VERSION = 1
+
+
+def store_settings(
+    objective: Objective, tokenizer: Tokenizer, tokenizer_kind: str
+) -> StoreSettings:
+    """What the objective needs in a store: sentences for NSP, EOS separators for packing."""
+    special = special_ids(tokenizer, tokenizer_kind)
+    if isinstance(objective, MaskedLMObjective):
+        if tokenizer_kind != "wordpiece":
+            raise ValueError(
+                f"the masked-LM objective needs a wordpiece tokenizer ([CLS], [SEP], [MASK]), "
+                f"got tokenizer.kind={tokenizer_kind!r}; use tokenizer=wordpiece"
+            )
+        return StoreSettings(sentences=True)
+    if isinstance(objective, CausalLMObjective):
+        # A wordpiece tokenizer has no end-of-text token; [SEP] separates documents instead.
+        return StoreSettings(
+            sentences=False, eos_id=special.eot if special.eot is not None else special.sep
+        )
+    raise TypeError(f"unknown objective {type(objective).__name__}")
+
+
+def prepare_stores(
+    corpus,
+    tokenizer: Tokenizer,
+    tokenizer_kind: str,
+    objective: Objective,
+    cache_dir: str | os.PathLike,
+    *,
+    val_corpus=None,
+    chunk_mb: float = 4.0,
+) -> list[StoreStats]:
+    """Build (or reuse) the token stores of a run ahead of training.
+
+    Args:
+        corpus: the training corpus (`datamodules.corpus`).
+        tokenizer: the run's tokenizer.
+        tokenizer_kind: "wordpiece" or "bpe".
+        objective: the run's objective (decides the store layout).
+        cache_dir: root of the caches (stores go to `<cache_dir>/token_stores/`).
+        val_corpus: a separate validation corpus, if any.
+        chunk_mb: text per encoding chunk (bounds memory).
+
+    Returns:
+        Stats of each store (training first): documents, tokens, MB/s, path, built or reused.
+    """
+    settings = store_settings(objective, tokenizer, tokenizer_kind)
+    corpora = [corpus] if val_corpus is None else [corpus, val_corpus]
+    return [
+        open_or_build_store(c, tokenizer, settings, cache_dir, chunk_mb=chunk_mb)[1]
+        for c in corpora
+    ]
+
+
+def _check_ranks_agree(path: Path) -> None:
+    """In a distributed run, fail fast (instead of waiting hours for a store nobody builds)
+    when the ranks' corpus or tokenizer differ, so that they would read different stores."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    paths: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(paths, str(path))
+    if len(set(paths)) > 1:
+        raise RuntimeError(
+            f"the ranks would read different token stores ({sorted(set(paths))}): their corpus "
+            "or tokenizer differ. Give every rank the same tokenizer: train it once (on rank 0, "
+            "or with `make tokenizer`) and load it from the cache; WordPiece training is not "
+            "reproducible across processes"
+        )
+
+
+def _keep(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return batch  # the dataset's items are already whole batches
+
+
+class BatchLoader(DataLoader):
+    """A DataLoader over `EpochBatches` that yields dicts of torch tensors.
+
+    Workers send the batches as numpy arrays, which are pickled through a pipe: for batches
+    this small that is ~10x cheaper than torch's shared-memory tensor transfer (measured: 7,700
+    vs 750 batches/s with 2 workers). The main process then wraps them as tensors (no copy),
+    pinned when `pin` is set and CUDA is present.
+    """
+
+    pin: bool = False
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for arrays in super().__iter__():
+            batch = {name: torch.from_numpy(array) for name, array in arrays.items()}
+            if self.pin:
+                batch = {name: tensor.pin_memory() for name, tensor in batch.items()}
+            yield batch
+
+
+class PositionLoader(BatchLoader):
+    """The training loader: also remembers how many batches of the epoch it has handed out.
+
+    That count is the position for `state_dict` outside a Trainer (inside one, the Trainer's
+    own counters are used, since Lightning fetches one batch ahead of the step). Its
+    `state_dict`/`load_state_dict` are the datamodule's, which tells Lightning the loader is
+    resumable (otherwise it warns that a mid-epoch resume is not).
+    """
+
+    position: tuple[int, int] = (0, 0)
+    datamodule: PretrainDataModule | None = None
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        iterator = super().__iter__()
+        batch = next(iterator, None)  # creating the iterator starts the sampler: read it after
+        epoch, step = self.sampler.current
+        self.position = (epoch, step)
+        while batch is not None:
+            step += 1
+            self.position = (epoch, step)
+            yield batch
+            batch = next(iterator, None)
+        self.sampler.finish_epoch()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.datamodule.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.datamodule.load_state_dict(state_dict)
+
+
+class PretrainDataModule(L.LightningDataModule):
+    """Token stores, NSP/MLM or packed batches, validation split, sharding and resume.
+
+    Args:
+        corpus: training corpus (`datamodules.corpus`).
+        tokenizer: the run's tokenizer (`tokenizer.get_tokenizer`).
+        tokenizer_kind: "wordpiece" or "bpe".
+        objective: `MaskedLMObjective` (BERT) or `CausalLMObjective` (GPT).
+        cache_dir: root of the caches; stores go to `<cache_dir>/token_stores/<key>/`.
+        seed: data seed (>= 0): validation split, epoch orders, NSP pairs and masks.
+        val_fraction: share of documents held out for validation when no `val_corpus` is
+            given (whole documents; at least 2 with NSP); 0 disables validation.
+        val_corpus: a separate validation corpus (then all training documents are used).
+        num_workers: DataLoader worker processes (batches are identical for any number).
+        pin_memory: pin batches for faster host-to-GPU copies.
+        persistent_workers: keep workers alive between epochs (with num_workers > 0).
+        chunk_mb: text per tokenization chunk when building a store (bounds memory).
+        wait_timeout_s: how long ranks other than 0 wait for rank 0 to build a store.
+        rank, world_size: this process's shard outside a Trainer (inside one, the Trainer's
+            global rank and world size are used); default: torch.distributed, else 0 of 1.
+    """
+
+    def __init__(
+        self,
+        corpus,
+        tokenizer: Tokenizer,
+        tokenizer_kind: str,
+        objective: Objective,
+        cache_dir: str | os.PathLike,
+        *,
+        seed: int = 1234,
+        val_fraction: float = 0.01,
+        val_corpus=None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        chunk_mb: float = 4.0,
+        wait_timeout_s: float = 6 * 3600,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.corpus = corpus
+        self.tokenizer = tokenizer
+        self.tokenizer_kind = tokenizer_kind
+        self.objective = objective
+        self.cache_dir = cache_dir
+        self.seed = seed
+        self.val_fraction = val_fraction
+        self.val_corpus = val_corpus
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.chunk_mb = chunk_mb
+        self.wait_timeout_s = wait_timeout_s
+        self._rank, self._world_size = rank, world_size
+        self.settings = store_settings(objective, tokenizer, tokenizer_kind)
+        self.special: SpecialIds = special_ids(tokenizer, tokenizer_kind)
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.stats: list[StoreStats] = []
+        self.store: TokenStore | None = None
+        self.train_documents = self.val_documents = np.empty(0, dtype=np.int64)
+        self.train_set: EpochBatches | None = None
+        self.val_set: EpochBatches | None = None
+        self._sampler: EpochSampler | None = None
+        self._loader: PositionLoader | None = None
+        self._pending: dict[str, Any] | None = None
+
+    # Lightning hooks -------------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        """Build the stores (Lightning calls this on local rank 0 before `setup`)."""
+        self.stats = prepare_stores(
+            self.corpus,
+            self.tokenizer,
+            self.tokenizer_kind,
+            self.objective,
+            self.cache_dir,
+            val_corpus=self.val_corpus,
+            chunk_mb=self.chunk_mb,
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        """Open the stores, split the documents and build this rank's datasets (once)."""
+        if self.train_set is not None:
+            return
+        rank, world_size, builder = self._ranks()
+        train_store = self._open(self.corpus, builder)
+        shard = {"rank": rank, "world_size": world_size, "seed": self.seed}
+        if self.val_corpus is not None:
+            val_store = self._open(self.val_corpus, builder)
+            train_docs = np.arange(train_store.num_documents)
+            val_docs = np.arange(val_store.num_documents)
+        else:
+            val_store = train_store
+            need = 2 if self._pairs else 1
+            window = 0 if self._pairs else world_size * self.objective.seq_len + 1
+            train_docs, val_docs = split_documents(
+                np.diff(train_store.doc_offsets),
+                self.val_fraction,
+                self.seed,
+                min_val=need,
+                min_val_tokens=window,
+                min_train=need,
+            )
+        self.store, self.train_documents, self.val_documents = train_store, train_docs, val_docs
+        self.train_set = self._batches(train_store, train_docs, split=TRAIN, shuffle=True, **shard)
+        if len(val_docs):
+            self.val_set = self._batches(val_store, val_docs, split=VAL, shuffle=False, **shard)
+        self._sampler = EpochSampler(len(self.train_set))
+        log.info(
+            "rank %d/%d: %d training documents, %d validation documents, %d batches per epoch",
+            rank,
+            world_size,
+            len(train_docs),
+            len(val_docs),
+            len(self.train_set),
+        )
+        if self._pending is not None:
+            self._apply(self._pending)
+
+    def train_dataloader(self) -> PositionLoader:
+        self._require_setup()
+        self._loader = self._loader_for(self.train_set, self._sampler, PositionLoader)
+        self._loader.position = self._sampler.next_position()
+        self._loader.datamodule = self
+        return self._loader
+
+    def val_dataloader(self) -> BatchLoader | list:
+        self._require_setup()
+        if self.val_set is None:
+            return []
+        return self._loader_for(self.val_set, EpochSampler(len(self.val_set), follow_epochs=False))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training position: epoch, batches done in it, and what fixes the batches."""
+        epoch, step = self._position()
+        return {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "step": step,
+            "seed": self.seed,
+            "world_size": self.train_set.world_size if self.train_set else None,
+            "batches_per_epoch": len(self.train_set) if self.train_set else None,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from `state_dict()`: the next training epoch starts at its position."""
+        if self.train_set is None:
+            self._pending = dict(state_dict)
+        else:
+            self._apply(state_dict)
+
+    # helpers ---------------------------------------------------------------------------------
+
+    @property
+    def _pairs(self) -> bool:
+        return (
+            isinstance(self.objective, MaskedLMObjective)
+            and self.objective.next_sentence_prediction
+        )
+
+    def _ranks(self) -> tuple[int, int, bool]:
+        """(rank, world size, whether this process may build stores)."""
+        trainer = self.trainer
+        if trainer is not None:
+            return trainer.global_rank, trainer.world_size, trainer.local_rank == 0
+        if self._rank is not None:
+            return self._rank, self._world_size or 1, self._rank == 0
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank = torch.distributed.get_rank()
+            local = int(os.environ.get("LOCAL_RANK", rank))
+            return rank, torch.distributed.get_world_size(), local == 0
+        return 0, 1, True
+
+    def _open(self, corpus, may_build: bool) -> TokenStore:
+        fingerprint = corpus.fingerprint()
+        _check_ranks_agree(store_path(fingerprint, self.tokenizer, self.settings, self.cache_dir))
+        store, stats = open_or_build_store(
+            corpus,
+            self.tokenizer,
+            self.settings,
+            self.cache_dir,
+            may_build=may_build,
+            chunk_mb=self.chunk_mb,
+            wait_timeout_s=self.wait_timeout_s,
+            fingerprint=fingerprint,
+        )
+        if not any(s.path == stats.path for s in self.stats):
+            self.stats.append(stats)
+        return store
+
+    def _batches(self, store: TokenStore, documents: np.ndarray, **shard) -> EpochBatches:
+        if isinstance(self.objective, CausalLMObjective):
+            return GPTBatches(store, documents, self.objective, **shard)
+        continuation = (
+            continuation_table(self.tokenizer) if self.objective.whole_word_masking else None
+        )
+        masker = MLMMasker(self.objective, self.special, self.vocab_size, continuation)
+        return BertBatches(store, documents, self.objective, masker, self.special, **shard)
+
+    def _loader_for(
+        self, dataset: EpochBatches, sampler: EpochSampler, cls: type[BatchLoader] = BatchLoader
+    ) -> BatchLoader:
+        loader = cls(
+            dataset,
+            sampler=sampler,
+            batch_size=None,  # the dataset's items are whole batches
+            collate_fn=_keep,
+            num_workers=self.num_workers,
+            persistent_workers=self.persistent_workers,
+        )
+        loader.pin = self.pin_memory and torch.cuda.is_available()
+        return loader
+
+    def _position(self) -> tuple[int, int]:
+        """(epoch, batches of it consumed by training)."""
+        trainer = self.trainer
+        if trainer is not None and trainer.state.fn == "fit":
+            # Lightning fetches one batch ahead, so count the batches the loop has processed.
+            done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            return trainer.current_epoch, done
+        if self._loader is not None:
+            return self._loader.position
+        if self._pending is not None:
+            return self._pending["epoch"], self._pending["step"]
+        return 0, 0
+
+    def _apply(self, state: dict[str, Any]) -> None:
+        self._pending = None
+        expected = {
+            "seed": self.seed,
+            "world_size": self.train_set.world_size,
+            "batches_per_epoch": len(self.train_set),
+        }
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"cannot resume the data position exactly: the checkpoint has {key}="
+                    f"{state.get(key)!r}, this run {value!r}. Resume with the same data seed, "
+                    "corpus, objective (batch size, seq_len) and number of processes, or start "
+                    "the data from the beginning"
+                )
+        self._sampler.resume(int(state["epoch"]), int(state["step"]))
+        log.info("data position restored: epoch %d, batch %d", state["epoch"], state["step"])
+
+    def _require_setup(self) -> None:
+        if self.train_set is None:
+            raise RuntimeError("call setup() before asking for dataloaders")

@@ -1,0 +1,409 @@
+"""Build token stores: stream a corpus through the tokenizer into a store, in bounded memory.
+
+Documents are read one at a time and grouped into chunks of about `chunk_mb` MB of text. Each
+chunk is encoded with `Tokenizer.encode_batch_fast`, which runs on all cores (Rust threads, GIL
+released) while this thread reads and sentence-splits the next chunk; its ids are appended to the
+store files as they come. At most two chunks are alive at once, so memory is bounded by the chunk
+size (and the longest document), never by the corpus size.
+
+The text is encoded with `encode_special_tokens=True`: a literal "[SEP]" or "<|endoftext|>" in the
+corpus becomes ordinary word pieces, so special ids in a store only ever come from this code (the
+GPT end-of-text separators). Sentences or documents that encode to no token are dropped; a
+document left with no token is skipped and counted in the manifest (`skipped_documents`).
+
+`open_or_build_store` is the entry point: reuse a valid store, rebuild a missing or damaged one
+(only in the process allowed to build: rank 0), or wait for the builder and then read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from itertools import chain
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from datamodules.corpus import CorpusError
+from datamodules.sentences import split_sentences
+from datamodules.store import (
+    DOC_SENTENCES,
+    DOCUMENTS,
+    MANIFEST,
+    OFFSET_DTYPE,
+    SENTENCES,
+    STORE_FORMAT,
+    TOKENS,
+    StoreInvalidError,
+    StoreSettings,
+    TokenStore,
+    store_dir,
+    store_key,
+    token_dtype,
+    tokenizer_hash,
+)
+from tokenizer import atomic_path
+
+log = logging.getLogger(__name__)
+_PROGRESS_EVERY = 100_000_000  # bytes of text between progress lines
+
+
+@dataclass
+class StoreStats:
+    """What a store holds and how fast it was built (what `make prepare` prints).
+
+    Attributes:
+        path: the store directory.
+        documents: documents kept.
+        sentences: sentences kept (0 for GPT stores).
+        tokens: tokens stored (GPT stores include one end-of-text per document).
+        skipped_documents: documents that produced no token.
+        text_bytes: UTF-8 bytes of text read.
+        seconds: build time (of the original build when the store was reused).
+        built: True if built by this call, False if an existing store was reused.
+    """
+
+    path: Path
+    documents: int
+    sentences: int
+    tokens: int
+    skipped_documents: int
+    text_bytes: int
+    seconds: float
+    built: bool
+
+    @property
+    def mb_per_s(self) -> float:
+        """Raw text throughput of the build, in MB (10^6 bytes) per second."""
+        return self.text_bytes / 1e6 / max(self.seconds, 1e-9)
+
+    def summary(self) -> str:
+        how = "built" if self.built else "reused"
+        return (
+            f"{how} token store {self.path}: {self.documents:,} documents, "
+            f"{self.tokens:,} tokens, {self.text_bytes / 1e6:.1f} MB of text at "
+            f"{self.mb_per_s:.2f} MB/s"
+            + (
+                f", {self.skipped_documents} empty documents skipped"
+                if self.skipped_documents
+                else ""
+            )
+        )
+
+    @classmethod
+    def from_manifest(cls, path: Path, manifest: dict[str, Any], built: bool) -> StoreStats:
+        counts = manifest["counts"]
+        return cls(
+            path=path,
+            documents=counts["documents"],
+            sentences=counts["sentences"],
+            tokens=counts["tokens"],
+            skipped_documents=counts["skipped_documents"],
+            text_bytes=counts["text_bytes"],
+            seconds=manifest["build"]["seconds"],
+            built=built,
+        )
+
+
+@dataclass
+class _Chunk:
+    """Texts to encode: sentences (with how many per document) or whole documents, and the
+    UTF-8 size of the documents they came from."""
+
+    texts: list[str]
+    per_document: list[int] | None
+    text_bytes: int
+
+
+@dataclass
+class _Encoded:
+    """A chunk after encoding, empty pieces dropped. Lengths are per kept document/sentence."""
+
+    ids: np.ndarray
+    doc_lengths: np.ndarray
+    sentence_lengths: np.ndarray | None
+    doc_sentence_counts: np.ndarray | None
+    skipped: int
+    text_bytes: int
+
+
+def open_or_build_store(
+    corpus,
+    tokenizer: Tokenizer,
+    settings: StoreSettings,
+    cache_dir: str | os.PathLike,
+    *,
+    may_build: bool = True,
+    chunk_mb: float = 4.0,
+    wait_timeout_s: float = 6 * 3600,
+    poll_s: float = 2.0,
+    fingerprint: str | None = None,
+) -> tuple[TokenStore, StoreStats]:
+    """The store of (corpus, tokenizer, settings) under `cache_dir`, built if needed.
+
+    Args:
+        corpus: a corpus from `datamodules.corpus` (anything with `documents()`,
+            `fingerprint()` and `describe()`).
+        tokenizer: the run's tokenizer.
+        settings: see `StoreSettings`.
+        cache_dir: root of the project's caches.
+        may_build: whether this process builds a missing or damaged store (rank 0). Other
+            processes wait until the store is valid, then read it.
+        chunk_mb: text per encoding chunk; bounds the builder's memory.
+        wait_timeout_s: how long a non-building process waits for the store.
+        poll_s: how often it looks.
+        fingerprint: `corpus.fingerprint()` when the caller already has it.
+
+    Returns:
+        The opened store and its stats.
+
+    Raises:
+        CorpusError: the corpus has no text.
+        StoreInvalidError: a waiting process timed out.
+    """
+    fingerprint = fingerprint or corpus.fingerprint()
+    path = store_path(fingerprint, tokenizer, settings, cache_dir)
+    if not may_build:
+        store = _wait_for_store(path, wait_timeout_s, poll_s)
+        return store, StoreStats.from_manifest(path, store.manifest, built=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The lock keeps two independent runs from building the same store at once (each would be
+    # correct, as every file is written atomically, but the work would be done twice).
+    with _exclusive_lock(path.parent / f"{path.name}.lock"):
+        try:
+            store = TokenStore.open(path)
+            log.info("reusing token store %s", path)
+            return store, StoreStats.from_manifest(path, store.manifest, built=False)
+        except StoreInvalidError as err:
+            if path.exists():
+                log.warning("rebuilding token store: %s", err)
+        stats = build_store(corpus, tokenizer, settings, path, fingerprint, chunk_mb=chunk_mb)
+        return TokenStore.open(path, verify=False), stats
+
+
+def store_path(
+    fingerprint: str, tokenizer: Tokenizer, settings: StoreSettings, cache_dir: str | os.PathLike
+) -> Path:
+    """Where the store of (corpus fingerprint, tokenizer, settings) lives under `cache_dir`."""
+    return store_dir(cache_dir, store_key(fingerprint, tokenizer_hash(tokenizer), settings))
+
+
+def build_store(
+    corpus,
+    tokenizer: Tokenizer,
+    settings: StoreSettings,
+    path: Path,
+    corpus_fingerprint: str,
+    *,
+    chunk_mb: float = 4.0,
+) -> StoreStats:
+    """Tokenize `corpus` into a new store at `path` (replacing whatever is there).
+
+    Raises:
+        CorpusError: the corpus yields no document with any token.
+    """
+    start = time.perf_counter()
+    path.mkdir(parents=True, exist_ok=True)
+    (path / MANIFEST).unlink(missing_ok=True)  # the store is invalid from here until complete
+    encoder = _encoder(tokenizer)
+    dtype = token_dtype(encoder.get_vocab_size(with_added_tokens=True))
+    names = [TOKENS, DOCUMENTS] + ([SENTENCES, DOC_SENTENCES] if settings.sentences else [])
+    totals = {"documents": 0, "sentences": 0, "tokens": 0, "skipped_documents": 0, "text_bytes": 0}
+    with ExitStack() as stack:
+        writer = _Writer(path, names, stack)
+        for name in names[1:]:
+            writer.write(name, np.zeros(1, OFFSET_DTYPE))
+        chunks = _chunks(corpus.documents(), settings.sentences, int(chunk_mb * 1e6))
+        next_report = _PROGRESS_EVERY
+        for encoded in _encode_pipelined(encoder, chunks, settings, dtype):
+            _append(writer, encoded, totals)
+            if totals["text_bytes"] >= next_report:
+                next_report += _PROGRESS_EVERY
+                rate = totals["text_bytes"] / 1e6 / (time.perf_counter() - start)
+                log.info("tokenized %.0f MB (%.1f MB/s)", totals["text_bytes"] / 1e6, rate)
+        if totals["documents"] == 0:
+            raise CorpusError(
+                f"{corpus.describe()} yielded no text to tokenize ({totals['skipped_documents']} "
+                "empty documents); check data.paths and that the files hold text"
+            )
+    if totals["skipped_documents"]:
+        log.warning("%d documents produced no token and were skipped", totals["skipped_documents"])
+    seconds = time.perf_counter() - start
+    manifest = {
+        "format": STORE_FORMAT,
+        "corpus": corpus.describe(),
+        "corpus_fingerprint": corpus_fingerprint,
+        "tokenizer_hash": tokenizer_hash(tokenizer),
+        "vocab_size": encoder.get_vocab_size(with_added_tokens=True),
+        "settings": asdict(settings),
+        "dtype": dtype.name,
+        "counts": totals,
+        "build": {
+            "seconds": seconds,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        },
+        "files": writer.summary(),
+    }
+    with atomic_path(path / MANIFEST) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=1))
+    stats = StoreStats.from_manifest(path, manifest, built=True)
+    log.info("%s", stats.summary())
+    return stats
+
+
+def _encoder(tokenizer: Tokenizer) -> Tokenizer:
+    """A copy of `tokenizer` that encodes special-token text literally, without truncation or
+    padding (the run's tokenizer object is left as it was)."""
+    encoder = Tokenizer.from_str(tokenizer.to_str())
+    encoder.encode_special_tokens = True
+    encoder.no_truncation()
+    encoder.no_padding()
+    return encoder
+
+
+def _chunks(documents: Iterable[str], sentences: bool, chunk_bytes: int) -> Iterator[_Chunk]:
+    texts: list[str] = []
+    per_document: list[int] = []
+    size = 0
+    for document in documents:
+        if sentences:
+            pieces = split_sentences(document)
+            texts.extend(pieces)
+            per_document.append(len(pieces))
+        else:
+            texts.append(document)
+        size += len(document.encode())
+        if size >= chunk_bytes:
+            yield _Chunk(texts, per_document if sentences else None, size)
+            texts, per_document, size = [], [], 0
+    if texts or per_document:
+        yield _Chunk(texts, per_document if sentences else None, size)
+
+
+def _encode_pipelined(
+    encoder: Tokenizer, chunks: Iterator[_Chunk], settings: StoreSettings, dtype: np.dtype
+) -> Iterator[_Encoded]:
+    """Encode chunk k on a helper thread while the caller's thread prepares chunk k + 1."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") as pool:
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append(pool.submit(_encode, encoder, chunk, settings, dtype))
+            if len(pending) > 1:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _encode(
+    encoder: Tokenizer, chunk: _Chunk, settings: StoreSettings, dtype: np.dtype
+) -> _Encoded:
+    encodings = encoder.encode_batch_fast(chunk.texts, add_special_tokens=False)
+    lengths = np.fromiter((len(e) for e in encodings), np.int64, len(encodings))
+    ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype, int(lengths.sum()))
+    del encodings  # the Encoding objects are ~10x larger than the ids
+    if settings.sentences:
+        return _group_sentences(ids, lengths, np.asarray(chunk.per_document), chunk.text_bytes)
+    kept = lengths > 0
+    if settings.eos_id is not None:
+        ids = np.insert(ids, np.cumsum(lengths)[kept], np.array(settings.eos_id, dtype))
+        lengths = lengths + 1
+    return _Encoded(ids, lengths[kept], None, None, int((~kept).sum()), chunk.text_bytes)
+
+
+def _group_sentences(
+    ids: np.ndarray, sentence_lengths: np.ndarray, per_document: np.ndarray, text_bytes: int
+) -> _Encoded:
+    """Drop empty sentences, then documents left without a sentence."""
+    document_of = np.repeat(np.arange(len(per_document)), per_document)
+    kept = sentence_lengths > 0
+    counts = np.bincount(document_of[kept], minlength=len(per_document))
+    tokens = np.bincount(document_of, weights=sentence_lengths, minlength=len(per_document))
+    has_text = counts > 0
+    return _Encoded(
+        ids=ids,
+        doc_lengths=tokens[has_text].astype(np.int64),
+        sentence_lengths=sentence_lengths[kept],
+        doc_sentence_counts=counts[has_text],
+        skipped=int((~has_text).sum()),
+        text_bytes=text_bytes,
+    )
+
+
+def _append(writer: _Writer, encoded: _Encoded, totals: dict[str, int]) -> None:
+    writer.write(TOKENS, encoded.ids)
+    writer.write(DOCUMENTS, totals["tokens"] + np.cumsum(encoded.doc_lengths))
+    if encoded.sentence_lengths is not None:
+        writer.write(SENTENCES, totals["tokens"] + np.cumsum(encoded.sentence_lengths))
+        writer.write(DOC_SENTENCES, totals["sentences"] + np.cumsum(encoded.doc_sentence_counts))
+        totals["sentences"] += len(encoded.sentence_lengths)
+    totals["tokens"] += len(encoded.ids)
+    totals["documents"] += len(encoded.doc_lengths)
+    totals["skipped_documents"] += encoded.skipped
+    totals["text_bytes"] += encoded.text_bytes
+
+
+class _Writer:
+    """Streams arrays into the store's files through `atomic_path`, hashing as it goes.
+
+    The files appear under their final names only when the enclosing `ExitStack` closes
+    without an exception.
+    """
+
+    def __init__(self, path: Path, names: list[str], stack: ExitStack) -> None:
+        self._handles: dict[str, BinaryIO] = {}
+        self._digests = {name: hashlib.sha256() for name in names}
+        self._sizes = dict.fromkeys(names, 0)
+        for name in names:
+            tmp = stack.enter_context(atomic_path(path / name))
+            self._handles[name] = stack.enter_context(open(tmp, "wb"))  # noqa: SIM115
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        if name != TOKENS:
+            array = array.astype(OFFSET_DTYPE, copy=False)
+        data = memoryview(np.ascontiguousarray(array)).cast("B")
+        self._handles[name].write(data)
+        self._digests[name].update(data)
+        self._sizes[name] += data.nbytes
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        return {
+            name: {"bytes": self._sizes[name], "sha256": digest.hexdigest()}
+            for name, digest in self._digests.items()
+        }
+
+
+def _wait_for_store(path: Path, timeout_s: float, poll_s: float) -> TokenStore:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return TokenStore.open(path)
+        except StoreInvalidError as err:
+            if time.monotonic() > deadline:
+                raise StoreInvalidError(
+                    f"waited {timeout_s:.0f} s for rank 0 to build the token store, still "
+                    f"invalid: {err}. Check rank 0's log, or build it first with `make prepare`"
+                ) from None
+        time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,0 +1,22 @@
+"""Helpers shared by the data-pipeline tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from datamodules.pretrain import store_settings
+from datamodules.store import TokenStore
+from datamodules.store_build import open_or_build_store
+from tests.conftest import SHARED_DATA
+
+WIKITEXT_TRAIN = SHARED_DATA / "wikitext/wikitext-2-tokenized/train.txt.gz"
+
+
+def build(corpus, tokenizer, kind: str, objective, cache_dir) -> TokenStore:
+    """The store of (corpus, tokenizer, objective) in cache_dir, built if missing."""
+    settings = store_settings(objective, tokenizer, kind)
+    return open_or_build_store(corpus, tokenizer, settings, cache_dir)[0]
+
+
+def all_documents(store: TokenStore) -> np.ndarray:
+    return np.arange(store.num_documents)

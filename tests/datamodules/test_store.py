@@ -1,0 +1,200 @@
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from datamodules.corpus import CorpusError
+from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.pretrain import prepare_stores, store_settings
+from datamodules.sentences import split_sentences
+from datamodules.store import (
+    DOCUMENTS,
+    MANIFEST,
+    TOKENS,
+    StoreInvalidError,
+    StoreSettings,
+    TokenStore,
+    store_dir,
+    store_key,
+    token_dtype,
+    tokenizer_hash,
+)
+from datamodules.store_build import open_or_build_store
+from tests.conftest import ListCorpus
+from tokenizer import special_ids
+
+BERT = StoreSettings(sentences=True)
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_bert_store_holds_every_sentence(bert_store, embedded, wordpiece):
+    documents = list(embedded.documents())
+    assert bert_store.num_documents == len(documents)
+    assert bert_store.tokens.dtype == np.uint16
+    for index in (0, 7, len(documents) - 1):
+        expected = [encode(wordpiece, s) for s in split_sentences(documents[index])]
+        assert [s.tolist() for s in bert_store.sentences(index)] == [e for e in expected if e]
+    assert bert_store.doc_offsets[-1] == bert_store.num_tokens == len(bert_store.tokens)
+
+
+def test_gpt_store_ends_documents_with_eos(gpt_store, embedded, bpe):
+    eos = special_ids(bpe, "bpe").eot
+    documents = list(embedded.documents())
+    for index in (0, 40):
+        assert gpt_store.document(index).tolist() == [*encode(bpe, documents[index]), eos]
+    assert (gpt_store.tokens == eos).sum() == gpt_store.num_documents
+
+
+def test_second_open_reuses_the_store(wordpiece, tmp_path, small_docs):
+    corpus = ListCorpus(small_docs)
+    store, stats = open_or_build_store(corpus, wordpiece, BERT, tmp_path)
+    assert stats.built and corpus.reads == 1
+    again, stats2 = open_or_build_store(corpus, wordpiece, BERT, tmp_path)
+    assert not stats2.built and corpus.reads == 1  # not re-read, not re-tokenized
+    assert again.path == store.path and stats2.tokens == stats.tokens
+    assert np.array_equal(again.tokens, store.tokens)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncate_tokens", "flip_byte", "drop_manifest", "garble_manifest", "delete_offsets"],
+)
+def test_damaged_store_is_rebuilt_never_read(damage, wordpiece, tmp_path, small_docs):
+    corpus = ListCorpus(small_docs)
+    store, _ = open_or_build_store(corpus, wordpiece, BERT, tmp_path)
+    reference = np.array(store.tokens)
+    path = store.path
+    if damage == "truncate_tokens":
+        with open(path / TOKENS, "r+b") as handle:
+            handle.truncate(len(reference))  # half the bytes of a uint16 array
+    elif damage == "flip_byte":
+        data = bytearray((path / TOKENS).read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (path / TOKENS).write_bytes(bytes(data))
+    elif damage == "drop_manifest":  # as if the build was interrupted before the end
+        (path / MANIFEST).unlink()
+    elif damage == "garble_manifest":
+        (path / MANIFEST).write_text("{not json")
+    else:
+        (path / DOCUMENTS).unlink()
+    with pytest.raises(StoreInvalidError):
+        TokenStore.open(path)
+    rebuilt, stats = open_or_build_store(corpus, wordpiece, BERT, tmp_path)
+    assert stats.built and corpus.reads == 2
+    assert np.array_equal(rebuilt.tokens, reference)
+    TokenStore.open(path)  # valid again
+
+
+def test_cache_key_follows_corpus_tokenizer_and_settings(wordpiece, bpe, small_docs, tmp_path):
+    corpus = ListCorpus(small_docs)
+    base = store_key(corpus.fingerprint(), tokenizer_hash(wordpiece), BERT)
+    assert base == store_key(corpus.fingerprint(), tokenizer_hash(wordpiece), BERT)
+    others = {
+        store_key(ListCorpus(small_docs[1:]).fingerprint(), tokenizer_hash(wordpiece), BERT),
+        store_key(corpus.fingerprint(), tokenizer_hash(bpe), BERT),
+        store_key(corpus.fingerprint(), tokenizer_hash(wordpiece), StoreSettings(False, 1)),
+    }
+    assert base not in others and len(others) == 3
+    assert store_dir(tmp_path, base).parent == tmp_path / "token_stores"
+
+
+def test_vocabulary_decides_token_width():
+    assert token_dtype(30522) == np.uint16
+    assert token_dtype(1 << 16) == np.uint16
+    assert token_dtype(50304 * 3) == np.uint32
+
+
+def test_empty_corpus_is_an_error(wordpiece, tmp_path):
+    with pytest.raises(CorpusError, match="yielded no text"):
+        open_or_build_store(ListCorpus([]), wordpiece, BERT, tmp_path)
+    with pytest.raises(CorpusError, match="2 empty documents"):
+        open_or_build_store(ListCorpus([" ", "\u200b"]), wordpiece, BERT, tmp_path)
+    assert not list((tmp_path / "token_stores").glob("*/" + MANIFEST))
+
+
+def test_documents_without_text_are_skipped_and_counted(wordpiece, tmp_path, small_docs):
+    docs = [small_docs[0], "  \n \u200b ", small_docs[1], ""]
+    store, stats = open_or_build_store(ListCorpus(docs), wordpiece, BERT, tmp_path)
+    assert stats.documents == store.num_documents == 2
+    assert stats.skipped_documents == 2
+    assert json.loads((store.path / MANIFEST).read_text())["counts"]["skipped_documents"] == 2
+
+
+def test_special_token_text_is_encoded_as_text(wordpiece, bpe, tmp_path):
+    text = "The [SEP] and [MASK] strings and <|endoftext|> are only text here."
+    for tokenizer, kind, objective in (
+        (wordpiece, "wordpiece", MaskedLMObjective()),
+        (bpe, "bpe", CausalLMObjective()),
+    ):
+        settings = store_settings(objective, tokenizer, kind)
+        store, _ = open_or_build_store(ListCorpus([text, text]), tokenizer, settings, tmp_path)
+        specials = special_ids(tokenizer, kind).all() - {special_ids(tokenizer, kind).unk}
+        body = store.document(0)[:-1] if settings.eos_id is not None else store.document(0)
+        assert not set(body.tolist()) & specials
+        assert tokenizer.encode(text).ids != body.tolist()  # the tokenizer alone would not
+
+
+def test_waiting_rank_reads_after_the_builder(wordpiece, tmp_path, small_docs):
+    corpus = ListCorpus(small_docs)
+    result = {}
+
+    def waiter():
+        result["store"], result["stats"] = open_or_build_store(
+            corpus, wordpiece, BERT, tmp_path, may_build=False, poll_s=0.05
+        )
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.3)
+    assert thread.is_alive()  # nothing to read yet
+    built, _ = open_or_build_store(corpus, wordpiece, BERT, tmp_path)
+    thread.join(timeout=30)
+    assert not result["stats"].built and corpus.reads == 1  # only the builder read the corpus
+    assert np.array_equal(result["store"].tokens, built.tokens)
+
+
+def test_waiting_rank_times_out_with_a_clear_error(wordpiece, tmp_path, small_docs):
+    with pytest.raises(StoreInvalidError, match=r"waited 0 s for rank 0.*make prepare"):
+        open_or_build_store(
+            ListCorpus(small_docs), wordpiece, BERT, tmp_path, may_build=False, wait_timeout_s=0
+        )
+
+
+def test_store_pickles_as_its_path(bert_store):
+    import pickle
+
+    payload = pickle.dumps(bert_store)
+    assert len(payload) < 10_000  # the memory maps are not copied
+    clone = pickle.loads(payload)
+    assert np.array_equal(clone.tokens[:1000], bert_store.tokens[:1000])
+
+
+def test_prepare_stores_reports_figures(embedded, wordpiece, tmp_path, small_docs):
+    stats = prepare_stores(
+        embedded,
+        wordpiece,
+        "wordpiece",
+        MaskedLMObjective(),
+        tmp_path,
+        val_corpus=ListCorpus(small_docs[:5]),
+    )
+    assert [s.built for s in stats] == [True, True]
+    train = stats[0]
+    assert train.documents == 79 and train.tokens > 50_000 and train.mb_per_s > 0
+    assert train.text_bytes > 300_000
+    assert "documents" in train.summary() and str(train.path) in train.summary()
+    assert not prepare_stores(embedded, wordpiece, "wordpiece", MaskedLMObjective(), tmp_path)[
+        0
+    ].built
+
+
+def test_real_wikitext2_store(wiki_gpt_store, wikitext, bpe):
+    assert wiki_gpt_store.num_documents == 629  # articles of the tokenized train split
+    assert wiki_gpt_store.num_tokens > 2_000_000
+    first = next(iter(wikitext.documents()))
+    assert bpe.decode(wiki_gpt_store.document(0)[:-1].tolist()) == first
