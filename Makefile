@@ -14,12 +14,12 @@ STAMP  := $(VENV)/.installed-$(shell sha256sum $(LOCK) 2>/dev/null | cut -c1-16)
 RUN    := LMPIPE_FROM_MAKE=1 $(PY) -m
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock pretrain tokenizer test test-all lint format clean
+.PHONY: help setup lock pretrain prepare tokenizer test test-all bench-models bench-data lint format clean
 
 help:  ## List the targets
 	@echo "usage: make <target> [hydra overrides...]   e.g. make pretrain model=gpt trainer.max_steps=50"
 	@echo
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 $(STAMP): $(LOCK) pyproject.toml
 	@echo "setting up $(VENV) from $(LOCK) (first run only; re-done when the lock file changes)"
@@ -42,6 +42,9 @@ lock:  ## Re-resolve requirements.lock from pyproject.toml (torch pinned to the 
 pretrain: $(STAMP)  ## Pretrain a model: make pretrain model=bert|gpt [overrides]
 	$(RUN) pipeline.pretrain
 
+prepare: $(STAMP)  ## Build the run's token store ahead of training; print documents, tokens, MB/s
+	$(RUN) pipeline.prepare
+
 tokenizer: $(STAMP)  ## Train (or reuse) the run's tokenizer and print size, sample, throughput
 	$(RUN) pipeline.train_tokenizer
 
@@ -50,6 +53,12 @@ test: $(STAMP)  ## Run the default test suite (no slow tests)
 
 test-all: $(STAMP)  ## Run every test, slow ones included (GPU tests skip without a GPU)
 	$(PY) -m pytest -q
+
+bench-models: $(STAMP)  ## Training-step tokens/s of our models vs transformers (QUICK=1: short)
+	$(PY) bench/bench_models.py $(if $(QUICK),--quick) --out outputs/bench/models.json
+
+bench-data: $(STAMP)  ## Token-store MB/s vs raw tokenizer, loader batches/s (QUICK=1: short)
+	$(PY) bench/bench_data.py $(if $(QUICK),--quick) --out outputs/bench/data.json
 
 lint: $(STAMP)  ## Check style and common bugs with ruff
 	$(PY) -m ruff check .
