@@ -17,8 +17,9 @@ Differences from the original, each to keep the pair statistics exact:
 - The target length is drawn for every instance; the original draws it once per document, so
   a short document-wide target made all of that document's instances short.
 - A one-sentence chunk whose coin says "actual next" takes the document's next sentence as B;
-  the original forced a random B there, which pushed the random share above 50%. At the last
-  sentence of a document there is no next sentence and that instance is dropped instead.
+  the original forced a random B there, which pushed the random share above 50%. A lone last
+  sentence of a document has no next sentence: that chunk makes no instance, whatever the coin
+  says (dropping only the "actual next" ones would bias the labels the same way).
 - The random document is drawn among the *other* documents of the split, so a random B never
   comes from A's document (the original retried 10 times and could still pick it).
 
@@ -146,10 +147,11 @@ class InstanceBuilder:
         """Emit one A/B instance from the chunk [start, end); returns the last sentence used."""
         a_end = start + 1 if end - start < 2 else rng.randint(start + 1, end - 1)
         is_random = rng.random() < 0.5
-        if not is_random and end - start == 1:
+        if end - start == 1:
             if end == len(bounds) - 1:
-                return end - 1  # no next sentence in this document: drop (see module doc)
-            end += 1  # take the next sentence as B
+                return end - 1  # a lone last sentence: no instance (see module doc)
+            if not is_random:
+                end += 1  # take the next sentence as B
         if not is_random:
             self._emit(bounds[start], bounds[a_end], bounds[a_end], bounds[end], IS_NEXT, rng, out)
             return end - 1
