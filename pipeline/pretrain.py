@@ -105,10 +105,15 @@ def print_summary(trainer: L.Trainer, run_dir: Path, export_dir: Path, family: s
     shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()) if k.startswith("val/"))
     last = trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else ""
     print(f"\nfinished {trainer.global_step} steps" + (f": {shown}" if shown else ""))
-    print(f"  checkpoint  {last}")
-    print(f"  HF export   {export_dir}")
-    print(f"  metrics     {run_dir / 'logs' / 'metrics.csv'}")
-    print(f"  config      {run_dir / '.hydra' / 'config.yaml'}")
+    places = {
+        "checkpoint": Path(last) if last else None,
+        "HF export": export_dir,
+        "metrics": run_dir / "logs" / "metrics.csv",
+        "config": run_dir / ".hydra" / "config.yaml",
+    }
+    for label, path in places.items():
+        if path is not None and path.exists():  # e.g. no metrics file when loggers are off
+            print(f"  {label:<11} {path}")
     if family == "gpt":
         print(f"next: load {export_dir} with transformers.AutoModelForCausalLM")
     else:
