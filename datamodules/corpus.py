@@ -15,6 +15,7 @@ Sources:
 
 from __future__ import annotations
 
+import functools
 import glob as globlib
 import gzip
 import hashlib
@@ -280,7 +281,10 @@ class HFDatasetCorpus:
     text_field: str = "text"
     doc_split: Literal["record", "wikitext"] = "wikitext"
 
-    def _load(self):
+    @functools.cached_property
+    def _dataset(self):
+        """The dataset, loaded once: the fingerprint, the tokenizer cache key, the token-store key
+        and the text all need it, and each load re-reads the cache's metadata."""
         import datasets
 
         try:
@@ -294,7 +298,7 @@ class HFDatasetCorpus:
             ) from err
 
     def documents(self) -> Iterator[str]:
-        dataset = self._load()
+        dataset = self._dataset
         if self.text_field not in dataset.column_names:
             raise CorpusError(
                 f"dataset {self.name!r} has no column {self.text_field!r} "
@@ -322,7 +326,7 @@ class HFDatasetCorpus:
             self.split,
             self.text_field,
             self.doc_split,
-            self._load()._fingerprint,
+            self._dataset._fingerprint,
         )
 
     def describe(self) -> str:

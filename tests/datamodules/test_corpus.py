@@ -113,3 +113,35 @@ def test_real_wikitext2_articles(shared_data):
     docs = list(corpus.documents())
     assert len(docs) == 60  # SOURCES.md: 60 articles in the validation split
     assert all(d.startswith("= ") for d in docs)
+
+
+def test_hf_dataset_loaded_once_and_regrouped_into_articles(monkeypatch):
+    import datasets
+
+    from datamodules.corpus import HFDatasetCorpus
+
+    rows = [" = Alpha = \n", " alpha text .\n", "", " = = Part = = \n", " = Beta = \n", " beta .\n"]
+    calls = []
+
+    def fake_load_dataset(name, config, split):
+        calls.append((name, config, split))
+        return datasets.Dataset.from_dict({"text": rows})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    corpus = HFDatasetCorpus(name="wikitext", config="wikitext-103-raw-v1", split="train")
+    assert list(corpus.documents()) == ["= Alpha =\nalpha text .\n= = Part = =", "= Beta =\nbeta ."]
+    assert corpus.fingerprint() == corpus.fingerprint()
+    assert calls == [("wikitext", "wikitext-103-raw-v1", "train")]  # one load serves all
+
+
+def test_hf_dataset_load_failure_is_a_clear_error(monkeypatch):
+    import datasets
+
+    from datamodules.corpus import HFDatasetCorpus
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(CorpusError, match="could not load Hugging Face dataset 'wikitext'"):
+        HFDatasetCorpus().fingerprint()
