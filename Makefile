@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed-$(shell sha256sum $(LOCK) 2>/dev/null | cut -c1-16)
 RUN    := LMPIPE_FROM_MAKE=1 $(PY) -m
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock pretrain prepare tokenizer test test-all bench-models bench-data lint format clean
+.PHONY: help setup lock pretrain generate fill-mask prepare tokenizer test test-all bench-models bench-data lint format clean
 
 help:  ## List the targets
 	@echo "usage: make <target> [hydra overrides...]   e.g. make pretrain model=gpt trainer.max_steps=50"
@@ -41,6 +41,12 @@ lock:  ## Re-resolve requirements.lock from pyproject.toml (torch pinned to the 
 
 pretrain: $(STAMP)  ## Pretrain a model: make pretrain model=bert|gpt [overrides]
 	$(RUN) pipeline.pretrain
+
+generate: $(STAMP)  ## Sample from a trained GPT: make generate ckpt=PATH prompt="..."
+	$(RUN) pipeline.generate
+
+fill-mask: $(STAMP)  ## A trained BERT's guesses: make fill-mask ckpt=PATH text="... [MASK] ..."
+	$(RUN) pipeline.fill_mask
 
 prepare: $(STAMP)  ## Build the run's token store ahead of training; print documents, tokens, MB/s
 	$(RUN) pipeline.prepare

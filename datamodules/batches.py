@@ -114,6 +114,54 @@ class EpochBatches(Dataset):
     ) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def loss_counts(self, batch: dict[str, np.ndarray]) -> dict[str, int]:
+        """How many predictions each loss term of the objective averages over in `batch`."""
+        raise NotImplementedError
+
+
+STEP_TOTAL = "step_total_"  # key prefix of a step's totals in its micro-batches
+
+
+class StepBatches(Dataset):
+    """The micro-batches of whole optimizer steps, for gradient accumulation.
+
+    Step s of an epoch is batches s*k .. s*k+k-1 of `batches` (so the micro-batches are the
+    ones a run without accumulation sees, in the same order). Each carries the step's total of
+    every loss count (`step_total_<name>`, a 0-d array), so the loss can be normalized by the
+    number of predictions in the whole step rather than averaged over micro-batch means. An
+    epoch's last batches that do not fill a step are left out.
+
+    Args:
+        batches: one rank's batches of an epoch.
+        micro_batches: batches per optimizer step (k >= 1).
+    """
+
+    def __init__(self, batches: EpochBatches, micro_batches: int) -> None:
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+        if len(batches) < micro_batches:
+            raise ValueError(
+                f"an epoch has {len(batches)} batches per process, fewer than the "
+                f"{micro_batches} micro-batches of one optimizer step; lower "
+                "trainer.accumulate_grad_batches or objective.batch_size, or use more text"
+            )
+        self.batches = batches
+        self.micro_batches = micro_batches
+
+    def __len__(self) -> int:
+        return len(self.batches) // self.micro_batches
+
+    def __getitem__(self, key: tuple[int, int]) -> list[dict[str, np.ndarray]]:
+        epoch, step = key
+        first = step * self.micro_batches
+        group = [self.batches[(epoch, first + i)] for i in range(self.micro_batches)]
+        totals: dict[str, int] = {}
+        for batch in group:
+            for name, count in self.batches.loss_counts(batch).items():
+                totals[name] = totals.get(name, 0) + count
+        extra = {STEP_TOTAL + name: np.array(total, np.int64) for name, total in totals.items()}
+        return [batch | extra for batch in group]
+
 
 def _int64(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: np.ascontiguousarray(v, np.int64) for name, v in batch.items()}
@@ -193,6 +241,12 @@ class BertBatches(EpochBatches):
             batch["nsp_labels"] = table[:, LABEL]
         return _int64(batch)
 
+    def loss_counts(self, batch: dict[str, np.ndarray]) -> dict[str, int]:
+        counts = {"masked": len(batch["mlm_labels"])}
+        if "nsp_labels" in batch:
+            counts["sequences"] = len(batch["nsp_labels"])
+        return counts
+
 
 def assemble_pairs(
     tokens: np.ndarray, table: np.ndarray, special: SpecialIds, seq_len: int
@@ -271,3 +325,6 @@ class GPTBatches(EpochBatches):
         if self.objective.document_masking:
             batch["doc_ids"], batch["position_ids"] = document_ids(batch["input_ids"], self.eos_id)
         return _int64(batch)
+
+    def loss_counts(self, batch: dict[str, np.ndarray]) -> dict[str, int]:
+        return {"targets": int(batch["targets"].size)}

@@ -30,7 +30,7 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from datamodules.batches import TRAIN, VAL, BertBatches, EpochBatches, GPTBatches
+from datamodules.batches import TRAIN, VAL, BertBatches, EpochBatches, GPTBatches, StepBatches
 from datamodules.masking import MLMMasker, continuation_table
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.sharding import EpochSampler, split_documents
@@ -117,7 +117,8 @@ def _keep(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 class BatchLoader(DataLoader):
-    """A DataLoader over `EpochBatches` that yields dicts of torch tensors.
+    """A DataLoader over `EpochBatches` (or `StepBatches`, whose items are lists of
+    micro-batches, handed out one by one) that yields dicts of torch tensors.
 
     Workers send the batches as numpy arrays, which are pickled through a pipe: for batches
     this small that is ~10x cheaper than torch's shared-memory tensor transfer (measured: 7,700
@@ -126,9 +127,18 @@ class BatchLoader(DataLoader):
     """
 
     pin: bool = False
+    micro_batches: int = 1  # batches per dataset item
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for arrays in super().__iter__():
+        for item in super().__iter__():
+            yield from self.tensors(item)
+
+    def __len__(self) -> int:
+        return super().__len__() * self.micro_batches
+
+    def tensors(self, item) -> Iterator[dict[str, torch.Tensor]]:
+        """The batches of one dataset item (a batch, or a step's micro-batches) as tensors."""
+        for arrays in item if isinstance(item, list) else [item]:
             batch = {name: torch.from_numpy(array) for name, array in arrays.items()}
             if self.pin:
                 batch = {name: tensor.pin_memory() for name, tensor in batch.items()}
@@ -136,7 +146,7 @@ class BatchLoader(DataLoader):
 
 
 class PositionLoader(BatchLoader):
-    """The training loader: also remembers how many batches of the epoch it has handed out.
+    """The training loader: also remembers how many steps of the epoch it has handed out.
 
     That count is the position for `state_dict` outside a Trainer (inside one, the Trainer's
     own counters are used, since Lightning fetches one batch ahead of the step). Its
@@ -148,15 +158,15 @@ class PositionLoader(BatchLoader):
     datamodule: PretrainDataModule | None = None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        iterator = super().__iter__()
-        batch = next(iterator, None)  # creating the iterator starts the sampler: read it after
+        iterator = DataLoader.__iter__(self)
+        item = next(iterator, None)  # creating the iterator starts the sampler: read it after
         epoch, step = self.sampler.current
         self.position = (epoch, step)
-        while batch is not None:
+        while item is not None:
             step += 1
             self.position = (epoch, step)
-            yield batch
-            batch = next(iterator, None)
+            yield from self.tensors(item)
+            item = next(iterator, None)
         self.sampler.finish_epoch()
 
     def state_dict(self) -> dict[str, Any]:
@@ -180,6 +190,9 @@ class PretrainDataModule(L.LightningDataModule):
             given (whole documents; at least 2 with NSP); 0 disables validation.
         val_corpus: a separate validation corpus (then all training documents are used).
         num_workers: DataLoader worker processes (batches are identical for any number).
+        micro_batches: training batches per optimizer step (gradient accumulation): the
+            loader hands out whole steps (`datamodules.batches.StepBatches`), and the
+            position counts steps.
         pin_memory: pin batches for faster host-to-GPU copies.
         persistent_workers: keep workers alive between epochs (with num_workers > 0).
         chunk_mb: text per tokenization chunk when building a store (bounds memory).
@@ -200,6 +213,7 @@ class PretrainDataModule(L.LightningDataModule):
         val_fraction: float = 0.01,
         val_corpus=None,
         num_workers: int = 0,
+        micro_batches: int = 1,
         pin_memory: bool = False,
         persistent_workers: bool = False,
         chunk_mb: float = 4.0,
@@ -217,6 +231,7 @@ class PretrainDataModule(L.LightningDataModule):
         self.val_fraction = val_fraction
         self.val_corpus = val_corpus
         self.num_workers = num_workers
+        self.micro_batches = micro_batches
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
         self.chunk_mb = chunk_mb
@@ -230,6 +245,7 @@ class PretrainDataModule(L.LightningDataModule):
         self.train_documents = self.val_documents = np.empty(0, dtype=np.int64)
         self.train_set: EpochBatches | None = None
         self.val_set: EpochBatches | None = None
+        self.train_steps: StepBatches | None = None
         self._sampler: EpochSampler | None = None
         self._loader: PositionLoader | None = None
         self._pending: dict[str, Any] | None = None
@@ -275,21 +291,25 @@ class PretrainDataModule(L.LightningDataModule):
         self.train_set = self._batches(train_store, train_docs, split=TRAIN, shuffle=True, **shard)
         if len(val_docs):
             self.val_set = self._batches(val_store, val_docs, split=VAL, shuffle=False, **shard)
-        self._sampler = EpochSampler(len(self.train_set))
+        self.train_steps = StepBatches(self.train_set, self.micro_batches)
+        self._sampler = EpochSampler(len(self.train_steps))
         log.info(
-            "rank %d/%d: %d training documents, %d validation documents, %d batches per epoch",
+            "rank %d/%d: %d training documents, %d validation documents, %d batches "
+            "(%d optimizer steps) per epoch",
             rank,
             world_size,
             len(train_docs),
             len(val_docs),
             len(self.train_set),
+            len(self.train_steps),
         )
         if self._pending is not None:
             self._apply(self._pending)
 
     def train_dataloader(self) -> PositionLoader:
         self._require_setup()
-        self._loader = self._loader_for(self.train_set, self._sampler, PositionLoader)
+        self._loader = self._loader_for(self.train_steps, self._sampler, PositionLoader)
+        self._loader.micro_batches = self.micro_batches
         self._loader.position = self._sampler.next_position()
         self._loader.datamodule = self
         return self._loader
@@ -301,7 +321,8 @@ class PretrainDataModule(L.LightningDataModule):
         return self._loader_for(self.val_set, EpochSampler(len(self.val_set), follow_epochs=False))
 
     def state_dict(self) -> dict[str, Any]:
-        """The training position: epoch, batches done in it, and what fixes the batches."""
+        """The training position: epoch, optimizer steps done in it, and what fixes the
+        batches."""
         epoch, step = self._position()
         return {
             "version": STATE_VERSION,
@@ -310,6 +331,7 @@ class PretrainDataModule(L.LightningDataModule):
             "seed": self.seed,
             "world_size": self.train_set.world_size if self.train_set else None,
             "batches_per_epoch": len(self.train_set) if self.train_set else None,
+            "micro_batches": self.micro_batches,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -377,17 +399,20 @@ class PretrainDataModule(L.LightningDataModule):
             collate_fn=_keep,
             num_workers=self.num_workers,
             persistent_workers=self.persistent_workers,
+            # Its own generator: creating an iterator would otherwise draw from the global
+            # torch RNG (which dropout uses) at a point a resumed run cannot reproduce.
+            generator=torch.Generator().manual_seed(self.seed),
         )
         loader.pin = self.pin_memory and torch.cuda.is_available()
         return loader
 
     def _position(self) -> tuple[int, int]:
-        """(epoch, batches of it consumed by training)."""
+        """(epoch, optimizer steps of it consumed by training)."""
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == "fit":
             # Lightning fetches one batch ahead, so count the batches the loop has processed.
             done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-            return trainer.current_epoch, done
+            return trainer.current_epoch, done // self.micro_batches
         if self._loader is not None:
             return self._loader.position
         if self._pending is not None:
@@ -400,14 +425,15 @@ class PretrainDataModule(L.LightningDataModule):
             "seed": self.seed,
             "world_size": self.train_set.world_size,
             "batches_per_epoch": len(self.train_set),
+            "micro_batches": self.micro_batches,
         }
         for key, value in expected.items():
-            if state.get(key) != value:
+            if state.get(key, 1 if key == "micro_batches" else None) != value:
                 raise ValueError(
                     f"cannot resume the data position exactly: the checkpoint has {key}="
                     f"{state.get(key)!r}, this run {value!r}. Resume with the same data seed, "
-                    "corpus, objective (batch size, seq_len) and number of processes, or start "
-                    "the data from the beginning"
+                    "corpus, objective (batch size, seq_len), gradient accumulation and number "
+                    "of processes, or start the data from the beginning"
                 )
         self._sampler.resume(int(state["epoch"]), int(state["step"]))
         log.info("data position restored: epoch %d, batch %d", state["epoch"], state["step"])

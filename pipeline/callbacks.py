@@ -1,15 +1,11 @@
-"""Callbacks and plugins of a pretraining run: throughput and MFU, atomic checkpoint files."""
+"""Callbacks of a pretraining run: throughput and MFU."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
-
-from tokenizer import atomic_path
 
 # Dense bf16 peak FLOP/s by device name (datasheet figures). A device not listed gets no MFU:
 # a wrong peak gives wrong numbers (nanoGPT users saw ">100% MFU" from an A100 peak on H100s).
@@ -58,12 +54,3 @@ class Throughput(L.Callback):
         self._start = now
         self._tokens = pl_module.tokens_in(batch)
         self._samples = int(batch["input_ids"].shape[0])
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes each checkpoint to a temporary file, fsyncs it, then renames it into place, so a
-    crash mid-save never leaves a half-written checkpoint under the real name."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
-        with atomic_path(path) as tmp:
-            torch.save(checkpoint, tmp)

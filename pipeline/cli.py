@@ -22,6 +22,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from datamodules.corpus import CorpusError
 from pipeline.config import ConfigError
+from pipeline.load import CheckpointLoadError
 from tokenizer import EmptyCorpusError, MissingSpecialTokensError, TokenizerLoadError
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def entry_point(main: Callable[[], None]) -> None:
 
 
 USER_ERRORS = (
+    CheckpointLoadError,
     ConfigError,
     CorpusError,
     EmptyCorpusError,

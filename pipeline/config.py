@@ -89,6 +89,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
         )
     _check_optimizer(cfg.optim)
     _check_trainer(cfg.trainer)
+    _check_run(cfg)
     try:
         resolve_warmup(cfg.trainer.max_steps, cfg.schedule.warmup_steps, cfg.schedule.warmup_ratio)
     except ValueError as err:
@@ -116,6 +117,21 @@ def _check_optimizer(optim: DictConfig) -> None:
         raise ConfigError(f"optim.eps must be > 0, got {optim.eps}")
 
 
+def _check_run(cfg: DictConfig) -> None:
+    """Checkpointing, the non-finite guard and resume."""
+    at_least = {
+        "checkpoint.every_n_steps": (cfg.checkpoint.every_n_steps, 1),
+        "checkpoint.keep_last": (cfg.checkpoint.keep_last, 1),
+        "checkpoint.keep_best": (cfg.checkpoint.keep_best, 0),
+        "module.max_nonfinite_steps": (cfg.module.max_nonfinite_steps, 1),
+    }
+    for key, (value, low) in at_least.items():
+        if not isinstance(value, int) or value < low:
+            raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
+    if cfg.resume is not None and not str(cfg.resume):
+        raise ConfigError("resume is empty; use resume=auto, a *.ckpt file or a run folder")
+
+
 def _check_trainer(trainer: DictConfig) -> None:
     if not isinstance(trainer.max_steps, int) or trainer.max_steps <= 0:
         raise ConfigError(
@@ -126,6 +142,8 @@ def _check_trainer(trainer: DictConfig) -> None:
         raise ConfigError(
             f"trainer.accumulate_grad_batches must be >= 1, got {trainer.accumulate_grad_batches}"
         )
+    if isinstance(trainer.get("strategy"), DictConfig):  # a strategy factory (trainer=fsdp)
+        build("trainer.strategy", trainer.strategy)
     precision = None if trainer.precision is None else str(trainer.precision)
     if precision not in PRECISIONS:
         raise ConfigError(

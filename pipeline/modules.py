@@ -9,15 +9,16 @@ schedule, and the guard against non-finite steps.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import FSDPStrategy
 from torchmetrics import MeanMetric
 
+from datamodules.batches import STEP_TOTAL
 from models.bert import BertForPreTraining, pretraining_loss
 from models.config import BertConfig, GPTConfig
 from models.flops import flops_per_token, param_count
@@ -43,7 +44,9 @@ class PretrainModule(L.LightningModule):
         max_nonfinite_steps: stop after this many consecutive skipped steps.
     """
 
-    perplexity_of = "loss"  # the validation loss whose exp is the perplexity
+    perplexity_of = "loss"  # the loss whose exp is the perplexity
+    # loss term -> the count it averages over (`datamodules.batches` `loss_counts` names)
+    loss_terms: ClassVar[dict[str, str]] = {}
 
     def __init__(
         self,
@@ -60,9 +63,14 @@ class PretrainModule(L.LightningModule):
         self.max_nonfinite_steps = max_nonfinite_steps
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
-        self.val_metrics = torch.nn.ModuleDict(
-            {name: MeanMetric() for name in self.validation_metric_names()}
+        self._losses_finite: torch.Tensor | None = None  # in the current step so far
+        # No NaN screening in the metrics (it syncs the GPU on every update): a non-finite
+        # training step is dropped whole in `on_before_optimizer_step`.
+        names = self.metric_names()
+        self.train_metrics = torch.nn.ModuleDict(
+            {name: MeanMetric(nan_strategy="disable") for name in names}
         )
+        self.val_metrics = torch.nn.ModuleDict({name: MeanMetric() for name in names})
 
     # subclasses --------------------------------------------------------------------------------
 
@@ -70,10 +78,11 @@ class PretrainModule(L.LightningModule):
         raise NotImplementedError
 
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, int]]:
-        """Named (mean loss, count) pairs; "loss" is what is optimized."""
+        """Named (mean, count) pairs: losses and accuracies of the batch; "loss" is the sum of
+        the `loss_terms`."""
         raise NotImplementedError
 
-    def validation_metric_names(self) -> list[str]:
+    def metric_names(self) -> list[str]:
         raise NotImplementedError
 
     def tokens_in(self, batch: dict[str, torch.Tensor]) -> int:
@@ -89,28 +98,88 @@ class PretrainModule(L.LightningModule):
     def parameter_count(self) -> int:
         return param_count(self.model_config)
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int):
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         results = self.losses(batch)
-        loss = results["loss"][0]
-        if not torch.isfinite(loss):
-            self._count_nonfinite(f"loss is {loss.item()}")
-            return None  # Lightning skips backward and the optimizer step
-        for name, (value, _) in results.items():
-            self.log(f"train/{name}", value.detach(), prog_bar=name == "loss")
+        for name, (value, count) in results.items():
+            if name in self.train_metrics and count > 0:
+                self.train_metrics[name].update(value.detach().float(), weight=count)
+        # Checked once per step, in `on_before_optimizer_step` (backward still runs: every
+        # process must join the gradient all-reduce).
+        finite = torch.isfinite(results["loss"][0].detach())
+        if self._losses_finite is not None:
+            finite = finite & self._losses_finite
+        self._losses_finite = finite
+        return self.step_loss(batch, results)
+
+    def step_loss(
+        self, batch: dict[str, torch.Tensor], results: dict[str, tuple[torch.Tensor, int]]
+    ) -> torch.Tensor:
+        """This micro-batch's share of its optimizer step's loss.
+
+        Each loss term is a mean over its predictions (masked tokens, sequences, next
+        tokens). Over a step of k micro-batches on W processes, the optimized loss is that mean
+        over all the step's predictions: sum(mean_i * n_i) / N, with N counted over every
+        micro-batch (`step_total_<count>` in the batch) and every process. It is not the mean of
+        micro-batch means, which weighs a micro-batch with few masked tokens like a full one.
+        Lightning divides the returned loss by k and DDP averages gradients over W; the
+        factor k * W undoes both.
+        """
+        trainer = self.trainer
+        scale = trainer.accumulate_grad_batches * trainer.world_size
+        loss = torch.zeros((), device=self.device)
+        for name, count_name in self.loss_terms.items():
+            if name not in results or results[name][1] == 0:
+                continue
+            mean, count = results[name]
+            total = batch[STEP_TOTAL + count_name].to(self.device, torch.float32)
+            if trainer.world_size > 1:
+                total = trainer.strategy.reduce(total, reduce_op="sum")
+            loss = loss + mean * (count * scale / total)
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-        if not torch.isfinite(norm):
+        """Called once per optimizer step, after the last micro-batch's backward (and after
+        mixed-precision unscaling, before clipping): skip a non-finite step, log the step."""
+        norm = self._gradient_norm()
+        finite = torch.isfinite(norm)
+        if self._losses_finite is not None:
+            finite = finite & self._losses_finite
+        self._losses_finite = None
+        bad = self.trainer.strategy.reduce_boolean_decision(not bool(finite), all=False)
+        if bad:
             # Dropping the gradients makes AdamW skip every parameter: no update, no decay, no
             # moment change, so one bad batch leaves no trace in the weights.
             optimizer.zero_grad(set_to_none=True)
-            self._count_nonfinite("gradient norm is not finite")
+            for metric in self.train_metrics.values():
+                metric.reset()
+            self._count_nonfinite("loss or gradient norm is not finite")
             return
         self.nonfinite_in_a_row = 0
+        self._log_metrics("train", self.train_metrics)
         self.log("train/grad_norm", norm)
         self.log("train/lr", optimizer.param_groups[0]["lr"], prog_bar=True)
+
+    def configure_gradient_clipping(
+        self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+    ) -> None:
+        # Lightning's FSDP precision plugin refuses norm clipping; FSDP's own clip_grad_norm_
+        # computes the norm over every shard.
+        if isinstance(self.trainer.strategy, FSDPStrategy) and gradient_clip_val:
+            if gradient_clip_algorithm not in (None, "norm"):
+                raise ValueError("under FSDP only norm clipping is supported")
+            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+            return
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def _gradient_norm(self) -> torch.Tensor:
+        """L2 norm of all gradients (before clipping); over every shard under FSDP."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads:
+            return torch.zeros((), device=self.device)
+        squares = torch.stack([torch.linalg.vector_norm(g.float()) ** 2 for g in grads]).sum()
+        if isinstance(self.trainer.strategy, FSDPStrategy):
+            squares = self.trainer.strategy.reduce(squares, reduce_op="sum")
+        return squares.sqrt()
 
     def _count_nonfinite(self, why: str) -> None:
         self.nonfinite_in_a_row += 1
@@ -129,13 +198,19 @@ class PretrainModule(L.LightningModule):
                 self.val_metrics[name].update(value.detach().float(), weight=count)
 
     def on_validation_epoch_end(self) -> None:
-        for name, metric in self.val_metrics.items():
-            if metric.update_called:
-                value = metric.compute()
-                # MeanMetric already reduced over processes in compute()
-                self.log(f"val/{name}", value, prog_bar=name == "loss")
-                if name == self.perplexity_of:
-                    self.log("val/perplexity", torch.exp(value.clamp(max=50)))
+        self._log_metrics("val", self.val_metrics)
+
+    def _log_metrics(self, split: str, metrics: torch.nn.ModuleDict) -> None:
+        """Log and reset prediction-weighted means (MeanMetric.compute() reduces over
+        processes), and the perplexity of `perplexity_of`."""
+        values = {name: m.compute() for name, m in metrics.items() if m.update_called}
+        if values and "loss" not in values:  # the loss is a sum of terms (MLM + NSP)
+            values["loss"] = sum(values[term] for term in self.loss_terms if term in values)
+        for name, value in values.items():
+            self.log(f"{split}/{name}", value, prog_bar=name == "loss")
+        if self.perplexity_of in values:
+            self.log(f"{split}/perplexity", torch.exp(values[self.perplexity_of].clamp(max=50)))
+        for metric in metrics.values():
             metric.reset()
 
     def configure_optimizers(self):
@@ -149,12 +224,6 @@ class PretrainModule(L.LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["model_config"] = {
-            "family": "bert" if isinstance(self.model_config, BertConfig) else "gpt",
-            **dataclasses.asdict(self.model_config),
-        }
-
 
 def _accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (logits.argmax(-1) == targets).float().mean()
@@ -164,12 +233,13 @@ class BertPretraining(PretrainModule):
     """BERT masked LM + next-sentence prediction (total loss = MLM + NSP)."""
 
     perplexity_of = "mlm_loss"
+    loss_terms: ClassVar[dict[str, str]] = {"mlm_loss": "masked", "nsp_loss": "sequences"}
 
     def build_model(self, config: BertConfig) -> BertForPreTraining:
         return BertForPreTraining(config)
 
-    def validation_metric_names(self) -> list[str]:
-        return ["loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"]
+    def metric_names(self) -> list[str]:
+        return ["mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"]
 
     def tokens_in(self, batch: dict[str, torch.Tensor]) -> int:
         return int(batch["attention_mask"].sum())
@@ -202,10 +272,12 @@ class BertPretraining(PretrainModule):
 class GPTPretraining(PretrainModule):
     """GPT causal language modelling on packed windows."""
 
+    loss_terms: ClassVar[dict[str, str]] = {"loss": "targets"}
+
     def build_model(self, config: GPTConfig) -> GPT:
         return GPT(config)
 
-    def validation_metric_names(self) -> list[str]:
+    def metric_names(self) -> list[str]:
         return ["loss"]
 
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, int]]:
@@ -215,7 +287,7 @@ class GPTPretraining(PretrainModule):
             doc_ids=batch.get("doc_ids"),
             position_ids=batch.get("position_ids"),
         )
-        return {"loss": (out.loss, int((batch["targets"] != -100).sum()))}
+        return {"loss": (out.loss, batch["targets"].numel())}
 
 
 def module_for(family: str) -> type[PretrainModule]:

@@ -24,13 +24,16 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         `weight_decay`, everything else (biases, norms, embeddings) with 0. Each parameter
         appears once, even when shared (tied embeddings).
     """
+    # Chosen by the owning layer, not by shape: under FSDP the parameters are flat 1-D shards
+    # by the time the optimizer is built.
     embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     decay, no_decay, seen = [], [], set()
-    for _, param in model.named_parameters():
+    for param in model.parameters():
         if not param.requires_grad or id(param) in seen:
             continue
         seen.add(id(param))
-        is_matrix = param.dim() >= 2 and id(param) not in embedding_weights
+        is_matrix = id(param) in linear_weights and id(param) not in embedding_weights
         (decay if is_matrix else no_decay).append(param)
     return [
         {"params": decay, "weight_decay": weight_decay},

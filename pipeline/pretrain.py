@@ -17,15 +17,22 @@ import hydra
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.pretrain import PretrainDataModule
 from models.config import round_up
 from models.hf import export_hf
-from pipeline.callbacks import AtomicCheckpointIO, Throughput
+from pipeline.callbacks import Throughput
+from pipeline.checkpoints import (
+    AtomicCheckpointIO,
+    CheckpointExtras,
+    check_compatible,
+    checkpoint_callbacks,
+    resume_checkpoint,
+)
 from pipeline.cli import entry_point, user_errors
-from pipeline.config import ConfigError, RunPlan, check_config
+from pipeline.config import RunPlan, check_config
+from pipeline.load import load_pretrained, read_checkpoint
 from pipeline.modules import module_for
 from tokenizer import get_tokenizer
 
@@ -45,39 +52,32 @@ def model_vocab_size(tokenizer_vocab: int, family: str) -> int:
     return round_up(tokenizer_vocab, 64) if family == "gpt" else tokenizer_vocab
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path) -> L.Trainer:
-    checkpoints = ModelCheckpoint(
-        dirpath=run_dir / "checkpoints",
-        filename="step{step:07d}",
-        auto_insert_metric_name=False,
-        every_n_train_steps=cfg.checkpoint.every_n_steps,
-        save_last=True,
-        save_top_k=cfg.checkpoint.keep_best,
-        monitor="val/loss",
-        mode="min",
-    )
+def build_trainer(cfg: DictConfig, run_dir: Path, extras: L.Callback) -> L.Trainer:
+    accumulate = cfg.trainer.accumulate_grad_batches
+    val_every = cfg.trainer.val_check_interval
+    if isinstance(val_every, int):  # optimizer steps -> the micro-batches Lightning counts
+        val_every *= accumulate
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     return instantiate(
         cfg.trainer,
         precision=cfg.trainer.precision or best_precision(),
+        val_check_interval=val_every,
         logger=loggers or False,
-        callbacks=[Throughput(), checkpoints],
+        callbacks=[Throughput(), extras, *checkpoint_callbacks(run_dir, **cfg.checkpoint)],
         plugins=[AtomicCheckpointIO()],
     )
 
 
 def train(cfg: DictConfig, plan: RunPlan) -> None:
-    if cfg.trainer.accumulate_grad_batches != 1:
-        raise ConfigError(
-            "trainer.accumulate_grad_batches > 1 is not supported yet (losses must be normalized "
-            "by the token count of the whole accumulation window); raise objective.batch_size"
-        )
     L.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.paths.output_dir)
+    resume_from = resume_checkpoint(cfg.resume, run_dir)
     tokenizer = get_tokenizer(plan.tokenizer, plan.corpus, cfg.paths.cache_dir)
     model_config = dataclasses.replace(
         plan.model, vocab_size=model_vocab_size(tokenizer.get_vocab_size(), plan.family)
     )
+    if resume_from is not None:
+        check_compatible(read_checkpoint(resume_from), model_config, tokenizer)
     datamodule = PretrainDataModule(
         plan.corpus,
         tokenizer,
@@ -85,18 +85,32 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         plan.objective,
         cfg.paths.cache_dir,
         seed=cfg.seed,
+        micro_batches=cfg.trainer.accumulate_grad_batches,
         **cfg.datamodule,
     )
     module = module_for(plan.family)(
-        model_config, optimizer=instantiate(cfg.optim), scheduler=instantiate(cfg.schedule)
+        model_config,
+        optimizer=instantiate(cfg.optim),
+        scheduler=instantiate(cfg.schedule),
+        max_nonfinite_steps=cfg.module.max_nonfinite_steps,
     )
-    trainer = build_trainer(cfg, run_dir)
+    if cfg.module.compile:
+        module.model.compile()  # in place: parameter names (and checkpoints) stay the same
+    extras = CheckpointExtras(
+        tokenizer, plan.tokenizer.kind, OmegaConf.to_container(cfg, resolve=True)
+    )
+    trainer = build_trainer(cfg, run_dir, extras)
     if trainer.is_global_zero:
         tokenizer.save(str(run_dir / "tokenizer.json"))
         print(f"{plan.family} model, {module.parameter_count():,} parameters; run folder {run_dir}")
-    trainer.fit(module, datamodule=datamodule)
+        if resume_from is not None:
+            print(f"resuming from {resume_from}")
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
     if trainer.is_global_zero:
-        export_dir = export_hf(module.model, run_dir / "hf", tokenizer=tokenizer)
+        # From the final checkpoint, which holds the whole model under any strategy (under
+        # FSDP each process only holds a shard of `module.model`).
+        final = load_pretrained(trainer.checkpoint_callback.last_model_path)
+        export_dir = export_hf(final.model, run_dir / "hf", tokenizer=tokenizer)
         print_summary(trainer, run_dir, export_dir, plan.family)
 
 

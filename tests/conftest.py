@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,36 @@ def compose_pretrain(*overrides: str, hydra_node: bool = False) -> DictConfig:
         OmegaConf.set_struct(cfg, False)
         cfg.paths.output_dir = "unused-output-dir"
     return cfg
+
+
+def pretrain_command(tmp_path: Path, *overrides: str) -> list[str]:
+    """`python -m pipeline.pretrain` with caches and outputs under tmp_path, no progress bar
+    (outputs land in `tmp_path/out/<model>/<run_name>`)."""
+    return [
+        sys.executable,
+        "-m",
+        "pipeline.pretrain",
+        f"paths.cache_dir={tmp_path}/cache",
+        f"paths.output_root={tmp_path}/out",
+        "+trainer.enable_progress_bar=false",
+        *overrides,
+    ]
+
+
+# Environment of CLI subprocesses: offline, no inherited run stamp or debug switches.
+CLI_ENV = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
+
+
+def run_pretrain(tmp_path: Path, *overrides: str, timeout: float = 600):
+    """Run the pretraining CLI to completion; returns the CompletedProcess."""
+    return subprocess.run(
+        pretrain_command(tmp_path, *overrides),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=CLI_ENV,
+    )
 
 
 class ListCorpus:

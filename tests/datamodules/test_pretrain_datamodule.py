@@ -44,7 +44,10 @@ def test_bert_batch_feeds_bert_for_pretraining(bert_dm, wordpiece):
         "masked_positions": (N,),
         "mlm_labels": (N,),
         "nsp_labels": (B,),
+        "step_total_masked": (),
+        "step_total_sequences": (),
     }
+    assert batch["step_total_masked"] == N and batch["step_total_sequences"] == B
     assert all(v.dtype == torch.int64 for v in batch.values())
     config = BertConfig.from_preset("tiny", vocab_size=wordpiece.get_vocab_size())
     model = BertForPreTraining(config)
@@ -63,7 +66,8 @@ def test_bert_batch_feeds_bert_for_pretraining(bert_dm, wordpiece):
 def test_gpt_batch_feeds_gpt(gpt_dm, bpe):
     batch = next(iter(gpt_dm.train_dataloader()))
     assert {k: tuple(v.shape) for k, v in batch.items()} == {
-        k: (4, 64) for k in ("input_ids", "targets", "doc_ids", "position_ids")
+        **{k: (4, 64) for k in ("input_ids", "targets", "doc_ids", "position_ids")},
+        "step_total_targets": (),
     }
     config = GPTConfig.from_preset("tiny", vocab_size=bpe.get_vocab_size())
     model = GPT(config)
@@ -135,3 +139,33 @@ def test_prepare_data_then_setup_reads_the_same_store(embedded, bpe, tmp_path):
     assert dm.stats[0].built
     dm.setup("fit")
     assert len(dm.stats) == 1 and special_ids(bpe, "bpe").eot == dm.settings.eos_id
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3])
+def test_accumulation_hands_out_whole_steps_of_the_same_batches(
+    embedded, wordpiece, cache_dir, micro_batches
+):
+    """With k micro-batches per step the loader yields the batches a k=1 run sees, in order,
+    (dropping only the epoch's last partial step), each stamped with its step's totals."""
+    objective = MaskedLMObjective(seq_len=64, batch_size=4)
+
+    def batches(k: int) -> list[dict[str, torch.Tensor]]:
+        dm = PretrainDataModule(
+            embedded, wordpiece, "wordpiece", objective, cache_dir, micro_batches=k
+        )
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+        out = list(loader)
+        assert len(out) == len(loader) == len(dm.train_set) // k * k
+        return out
+
+    plain, stepped = batches(1), batches(micro_batches)
+    for a, b in zip(plain, stepped, strict=False):
+        assert torch.equal(a["input_ids"], b["input_ids"])
+        assert torch.equal(a["mlm_labels"], b["mlm_labels"])
+    for start in range(0, len(stepped), micro_batches):
+        step = stepped[start : start + micro_batches]
+        masked = sum(len(b["mlm_labels"]) for b in step)
+        assert all(int(b["step_total_masked"]) == masked for b in step)
+        sequences = sum(len(b["nsp_labels"]) for b in step)
+        assert all(int(b["step_total_sequences"]) == sequences for b in step)

@@ -4,41 +4,28 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
-from tests.conftest import REPO
+from tests.conftest import run_pretrain
 
 
 @pytest.mark.parametrize("model", ["bert-tiny", "gpt-tiny"])
 def test_pretrain_smoke_run_leaves_checkpoint_logs_and_hf_export(tmp_path, model):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.pretrain",
-            f"model={model}",
-            "debug=smoke",
-            f"paths.cache_dir={tmp_path}/cache",
-            f"paths.output_root={tmp_path}/out",
-            "+trainer.enable_progress_bar=false",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"PATH": "/usr/bin:/bin", "LMPIPE_RUN_STAMP": "smoke", "HF_HUB_OFFLINE": "1"},
-    )
+    result = run_pretrain(tmp_path, f"model={model}", "debug=smoke", "run_name=smoke")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "out" / model / "smoke"
     assert "finished 5 steps" in result.stdout
 
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 5
     assert checkpoint["model_config"]["family"] == model.split("-")[0]
+    assert checkpoint["config"]["trainer"]["max_steps"] == 5
+    saved_tokenizer = Tokenizer.from_str(checkpoint["tokenizer"]["json"])
+    assert saved_tokenizer.to_str() == Tokenizer.from_file(str(run_dir / "tokenizer.json")).to_str()
+    assert {"torch", "numpy", "python"} <= set(checkpoint["rng"])
 
     with open(run_dir / "logs" / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))

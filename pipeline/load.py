@@ -1,0 +1,398 @@
+"""Load a trained model with its tokenizer, for generation, fill-mask and fine-tuning.
+
+`load_pretrained(path)` accepts what the pipeline writes:
+
+- a Lightning checkpoint (`*.ckpt`) of `make pretrain`: the weights under `state_dict` (prefix
+  `model.`), the architecture under `model_config` (`{"family": ..., **asdict(config)}`) and the
+  tokenizer under `tokenizer` (`{"kind": ..., "json": tokenizer.to_str()}`);
+- a run folder (`outputs/<model>/<stamp>/`): its `checkpoints/last.ckpt`;
+- a Hugging Face folder (`config.json` + weights + `tokenizer.json` or `vocab.txt`), such as a
+  run's `hf/` export.
+
+Checkpoints are read with `torch.load(weights_only=True)`, so a file cannot run code on load.
+
+Also here, shared by the inference commands (`make generate`, `make fill-mask`): the device and
+its autocast, and taking free text (a prompt) from the command line verbatim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import re
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer
+from torch import nn
+
+from models.bert import BertForPreTraining
+from models.config import BertConfig, GPTConfig
+from models.gpt import GPT
+from models.hf import UnsupportedCheckpointError, load_hf
+from pipeline.config import ConfigError
+from tokenizer import TokenizerLoadError, load_tokenizer
+
+__all__ = [
+    "CheckpointLoadError",
+    "Pretrained",
+    "WrongFamilyError",
+    "expect_family",
+    "inference_autocast",
+    "literal_text_overrides",
+    "load_pretrained",
+    "read_checkpoint",
+    "require_keys",
+    "resolve_device",
+]
+
+log = logging.getLogger(__name__)
+
+# family -> (config class, model class) of our own checkpoints
+FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
+    "bert": (BertConfig, BertForPreTraining),
+    "gpt": (GPTConfig, GPT),
+}
+TOKENIZER_KINDS = {"WordPiece": "wordpiece", "BPE": "bpe"}  # tokenizers model type -> our kind
+STATE_PREFIX = "model."  # the LightningModule holds the model as `self.model`
+# Where a folder's model is looked for, in order; the first that exists wins.
+FOLDER_CANDIDATES = ("config.json", "checkpoints/last.ckpt", "last.ckpt", "hf/config.json")
+
+
+class CheckpointLoadError(ValueError):
+    """A trained model could not be loaded; the message names the path and the fix."""
+
+
+class WrongFamilyError(CheckpointLoadError):
+    """The model is of the other family (a BERT where a GPT is needed, or the reverse)."""
+
+
+@dataclass
+class Pretrained:
+    """A trained model, in eval mode on the CPU, with the tokenizer it was trained with.
+
+    Attributes:
+        family: "bert" or "gpt".
+        model: `BertForPreTraining` (or `BertModel` from a head-less HF export) or `GPT`.
+        tokenizer: the `tokenizers.Tokenizer` of the run.
+        tokenizer_kind: "wordpiece" or "bpe".
+        source: the file or folder the model was read from (a run folder resolves to its
+            checkpoint file).
+    """
+
+    family: str
+    model: nn.Module
+    tokenizer: Tokenizer
+    tokenizer_kind: str
+    source: Path
+
+
+def load_pretrained(path: str | os.PathLike) -> Pretrained:
+    """Load a model and its tokenizer from a checkpoint file, a run folder or an HF folder.
+
+    Raises:
+        CheckpointLoadError: nothing loadable at `path`, an unreadable or foreign checkpoint,
+            or weights that do not fit the stored architecture.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise CheckpointLoadError(
+            f"ckpt={str(path)!r} does not exist; give a checkpoint file (*.ckpt), a run folder "
+            "(outputs/<model>/<stamp>/) or a Hugging Face export folder (with config.json)"
+        )
+    if path.is_dir():
+        path = _resolve_folder(path)
+    if path.name == "config.json":
+        pretrained = _load_hf_folder(path.parent)
+    else:
+        pretrained = _load_lightning_checkpoint(path)
+    pretrained.model.eval()
+    log.info("loaded a %s model from %s", pretrained.family, pretrained.source)
+    return pretrained
+
+
+def expect_family(pretrained: Pretrained, family: str, instead: str) -> None:
+    """Raise `WrongFamilyError` unless `pretrained` is a `family` model; `instead` names what to
+    use for the other family (e.g. "make fill-mask")."""
+    if pretrained.family != family:
+        raise WrongFamilyError(
+            f"{pretrained.source} holds a {pretrained.family.upper()} model, but this command "
+            f"needs a {family.upper()}; for a {pretrained.family.upper()} use {instead}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources
+
+
+def _resolve_folder(folder: Path) -> Path:
+    for name in FOLDER_CANDIDATES:
+        if (folder / name).is_file():
+            return folder / name
+    raise CheckpointLoadError(
+        f"ckpt={str(folder)!r} is a folder without a model: looked for "
+        f"{', '.join(FOLDER_CANDIDATES)}; give a run folder, its checkpoint file or an HF export"
+    )
+
+
+def _load_lightning_checkpoint(path: Path) -> Pretrained:
+    checkpoint = read_checkpoint(path)
+    for key in ("model_config", "tokenizer"):
+        if key not in checkpoint:
+            raise CheckpointLoadError(
+                f"{path} has no {key!r} entry: it predates this checkpoint format or was not "
+                "written by `make pretrain`; load the run's HF export instead (the hf/ folder "
+                "next to checkpoints/), or re-train with the current pipeline"
+            )
+    family, config = _model_config(path, checkpoint["model_config"])
+    tokenizer, kind = _checkpoint_tokenizer(path, checkpoint["tokenizer"])
+    state = {
+        key.removeprefix(STATE_PREFIX): value
+        for key, value in checkpoint["state_dict"].items()
+        if key.startswith(STATE_PREFIX)
+    }
+    model = _build_model(path, family, config, state)
+    _check_vocab(path, tokenizer, config.vocab_size)
+    return Pretrained(family, model, tokenizer, kind, path)
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """A Lightning checkpoint's contents, memory-mapped (tensors are read when used), plain
+    data only; `CheckpointLoadError` naming the file and the fix when it cannot be read."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointLoadError(f"checkpoint {path} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if found:
+            raise CheckpointLoadError(
+                f"{path} holds Python objects ({found[1]}) besides tensors and plain values, and "
+                "they are not loaded (loading them could run code); use a checkpoint written by "
+                "`make pretrain`, or an HF folder written by models.hf.export_hf"
+            ) from err
+        raise _unreadable(path, err) from err
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise _unreadable(path, err) from err
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise CheckpointLoadError(
+            f"{path} is not a Lightning checkpoint (no 'state_dict' entry); give a checkpoint "
+            "written by `make pretrain`, its run folder or an HF export folder"
+        )
+    return checkpoint
+
+
+def _unreadable(path: Path, err: Exception) -> CheckpointLoadError:
+    reason = (str(err).strip().splitlines() or [""])[0].split(". ")[0]  # torch's are long
+    if isinstance(err, pickle.UnpicklingError):  # torch's text here suggests weights_only=False
+        reason = "its bytes are not a PyTorch checkpoint"
+    return CheckpointLoadError(
+        f"{path} is not a readable checkpoint ({type(err).__name__}: {reason}); the file may be "
+        "truncated or corrupt (e.g. copied while it was being written): use another checkpoint "
+        "of the run or copy it again"
+    )
+
+
+def _model_config(path: Path, entry: Any) -> tuple[str, BertConfig | GPTConfig]:
+    fields = dict(entry) if isinstance(entry, dict) else {}
+    family = fields.pop("family", None)
+    if family not in FAMILIES:
+        raise CheckpointLoadError(
+            f"{path}: model_config['family'] is {family!r}, expected one of {sorted(FAMILIES)}; "
+            "the checkpoint was not written by `make pretrain`"
+        )
+    config_class = FAMILIES[family][0]
+    try:
+        return family, config_class(**fields)
+    except (TypeError, ValueError) as err:
+        raise CheckpointLoadError(
+            f"{path}: model_config does not make a valid {config_class.__name__} ({err}); the "
+            "checkpoint may come from a different version of the pipeline"
+        ) from err
+
+
+def _checkpoint_tokenizer(path: Path, entry: Any) -> tuple[Tokenizer, str]:
+    kind = entry.get("kind") if isinstance(entry, dict) else None
+    if kind not in TOKENIZER_KINDS.values():
+        raise CheckpointLoadError(
+            f"{path}: tokenizer['kind'] is {kind!r}, expected 'wordpiece' or 'bpe'; the "
+            "checkpoint was not written by `make pretrain`"
+        )
+    try:
+        return Tokenizer.from_str(entry["json"]), kind
+    except Exception as err:  # tokenizers raises plain Exceptions for malformed JSON
+        raise CheckpointLoadError(
+            f"{path}: the stored tokenizer cannot be read ({err}); load the run's tokenizer.json "
+            "through its HF export folder instead"
+        ) from err
+
+
+def _build_model(
+    path: Path, family: str, config: BertConfig | GPTConfig, state: dict[str, torch.Tensor]
+) -> nn.Module:
+    """The model of `config` holding the weights of `state` (no random init is run: the model
+    is built on the meta device and the checkpoint's tensors are assigned to it)."""
+    with torch.device("meta"):
+        model = FAMILIES[family][1](config)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(state.keys() - expected.keys())
+    misshapen = [
+        f"{name} {tuple(state[name].shape)} != {shape}"
+        for name, shape in expected.items()
+        if name in state and tuple(state[name].shape) != shape
+    ]
+    if missing or unexpected or misshapen:
+        problems = {"missing": missing, "unexpected": unexpected, "wrong shape": misshapen}
+        listed = "; ".join(
+            f"{what}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+            for what, names in problems.items()
+            if names
+        )
+        raise CheckpointLoadError(
+            f"{path}: the weights do not match the {family} architecture in model_config "
+            f"({listed}); the checkpoint's model_config and state_dict disagree, so it was "
+            "edited or written by a different version of the model code"
+        )
+    model.load_state_dict(state, assign=True)
+    return model
+
+
+def _check_vocab(path: Path, tokenizer: Tokenizer, model_vocab: int) -> None:
+    if tokenizer.get_vocab_size() > model_vocab:
+        raise CheckpointLoadError(
+            f"{path}: the tokenizer has {tokenizer.get_vocab_size()} tokens but the model only "
+            f"{model_vocab} embeddings; the tokenizer does not belong to this model"
+        )
+
+
+def _load_hf_folder(folder: Path) -> Pretrained:
+    try:
+        model = load_hf(folder)
+    except (UnsupportedCheckpointError, FileNotFoundError, OSError) as err:
+        raise CheckpointLoadError(f"{folder}: cannot load the HF checkpoint ({err})") from err
+    except (json.JSONDecodeError, RuntimeError, KeyError) as err:
+        raise CheckpointLoadError(
+            f"{folder}: config.json or the weights are unreadable ({type(err).__name__}: {err}); "
+            "export the model again with models.hf.export_hf"
+        ) from err
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+        raise CheckpointLoadError(
+            f"{folder} has no tokenizer.json or vocab.txt; copy the run's tokenizer.json into it"
+        )
+    try:
+        tokenizer = load_tokenizer(folder, lowercase=_hf_lowercase(folder))
+    except TokenizerLoadError as err:
+        raise CheckpointLoadError(f"{folder}: {err}") from err
+    model_type = type(tokenizer.model).__name__
+    if model_type not in TOKENIZER_KINDS:
+        raise CheckpointLoadError(
+            f"{folder}: the tokenizer is a {model_type} model; only WordPiece (BERT) and BPE "
+            "(GPT) tokenizers are supported"
+        )
+    _check_vocab(folder, tokenizer, model.config.vocab_size)
+    family = "gpt" if isinstance(model, GPT) else "bert"
+    return Pretrained(family, model, tokenizer, TOKENIZER_KINDS[model_type], folder)
+
+
+def _hf_lowercase(folder: Path) -> bool:
+    """Whether a `vocab.txt` is uncased, as `tokenizer_config.json` says (default: yes)."""
+    config_path = folder / "tokenizer_config.json"
+    if not config_path.is_file():
+        return True
+    try:
+        return bool(json.loads(config_path.read_text()).get("do_lower_case", True))
+    except (json.JSONDecodeError, AttributeError):
+        return True
+
+
+# ----------------------------------------------------------------------------------------------
+# Running a loaded model
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> the GPU when there is one, else the CPU; anything else as `torch.device` reads
+    it ("cpu", "cuda", "cuda:1").
+
+    Raises:
+        ConfigError: `name` is not a device, or names a GPU that is not there.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ConfigError(f"device={name!r} is not a device; use auto, cpu or cuda[:N]") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} but no CUDA GPU is available; use device=cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device={name!r} but there are {torch.cuda.device_count()} GPUs; use device=cuda:0"
+        )
+    return device
+
+
+def inference_autocast(device: torch.device) -> AbstractContextManager[Any]:
+    """bf16 autocast on GPUs that support it (the precision models are trained in), else none."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line of the inference commands
+
+
+def require_keys(cfg: DictConfig, usage: str, *keys: str) -> None:
+    """Raise `ConfigError` naming the first of `keys` left at `???`, with a usage example."""
+    for key in keys:
+        if OmegaConf.is_missing(cfg, key):
+            raise ConfigError(f"{key} is required: {usage}")
+
+
+def literal_text_overrides(args: list[str], keys: tuple[str, ...]) -> list[str]:
+    """Command-line overrides with the values of `keys` turned into quoted Hydra strings.
+
+    `make fill-mask text="The capital of France is [MASK]."` reaches Hydra as
+    `text=The capital of France is [MASK].`, which its override grammar rejects (`[` opens a
+    list; `,` makes a sweep, `'` a quote, `${` an interpolation). A prompt is text, never Hydra
+    syntax, so it is quoted here, exactly; a value the user already quoted is left alone.
+    """
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in keys and not _is_quoted(arg):
+            arg = f"{key}={_hydra_quote(value)}"
+        out.append(arg)
+    return out
+
+
+def _is_quoted(override: str) -> bool:
+    value = override.partition("=")[2]
+    if len(value) < 2 or value[0] != value[-1] or value[0] not in "'\"":
+        return False
+    try:
+        return isinstance(OverridesParser.create().parse_override(override).value(), str)
+    except Exception:  # not one quoted string after all, e.g. 'a' and 'b'
+        return False
+
+
+def _hydra_quote(text: str) -> str:
+    """A single-quoted Hydra override value that reads back as exactly `text`.
+
+    Two layers: OmegaConf reads `${` as an interpolation unless escaped (`\\${`, with the
+    backslashes before it doubled); then Hydra's quoted string needs `\\'` for a quote and
+    doubled backslashes where they precede a quote or end the string.
+    """
+    text = re.sub(r"(\\*)\$\{", lambda m: m[1] * 2 + "\\${", text)
+    text = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
+    return f"'{text}'"

@@ -1,0 +1,134 @@
+"""Checkpoints and exact resume: a training process killed with SIGKILL and resumed with
+`resume=auto` logs, at every step after the resume point, the loss the uninterrupted run logged,
+and ends with the same weights."""
+
+from __future__ import annotations
+
+import csv
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.config import BertConfig
+from pipeline.checkpoints import (
+    check_compatible,
+    model_config_record,
+    newest_checkpoint,
+)
+from pipeline.load import CheckpointLoadError
+from tests.conftest import CLI_ENV, REPO, ListCorpus, pretrain_command, run_pretrain
+from tokenizer import TokenizerSpec, get_tokenizer
+
+# bert-tiny has dropout, so the RNG state must be restored too; 40 steps with a checkpoint
+# every 5 leave time to kill the process mid-run.
+RUN = (
+    "model=bert-tiny",
+    "objective.batch_size=8",
+    "trainer.max_steps=40",
+    "trainer.val_check_interval=20",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=1",
+    "checkpoint.every_n_steps=5",
+)
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """step -> train/loss from the run's CSV log (the last row of a step wins)."""
+    with open(run_dir / "logs" / "metrics.csv") as handle:
+        return {
+            int(r["step"]): float(r["train/loss"])
+            for r in csv.DictReader(handle)
+            if r["train/loss"]
+        }
+
+
+def wait_for_checkpoint(process: subprocess.Popen, directory: Path, step: int) -> None:
+    deadline = time.monotonic() + 300
+    while not (directory / f"step{step:07d}.ckpt").exists():
+        assert process.poll() is None, process.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint after 300 s"
+        time.sleep(0.02)
+
+
+def test_killed_run_resumes_exactly(tmp_path):
+    reference = run_pretrain(tmp_path, *RUN, "run_name=reference")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = train_losses(tmp_path / "out/bert-tiny/reference")
+    assert sorted(expected) == list(range(40))
+
+    run_dir = tmp_path / "out/bert-tiny/killed"
+    process = subprocess.Popen(
+        pretrain_command(tmp_path, *RUN, "run_name=killed"),
+        cwd=REPO,
+        env=CLI_ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_checkpoint(process, run_dir / "checkpoints", 10)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL  # killed mid-run, not finished
+
+    resumed = run_pretrain(tmp_path, *RUN, "run_name=killed", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout
+    start = torch.load(resumed.stdout.split("resuming from ")[1].split()[0], weights_only=True)[
+        "global_step"
+    ]
+    assert 10 <= start < 40
+
+    got = train_losses(run_dir)
+    assert sorted(s for s in got if s >= start) == list(range(start, 40))
+    for step in range(start, 40):  # CPU kernels here are deterministic: equal, not close
+        assert got[step] == expected[step], (step, got[step], expected[step])
+
+    final = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
+    reference_final = torch.load(
+        tmp_path / "out/bert-tiny/reference/checkpoints/last.ckpt", weights_only=True
+    )["state_dict"]
+    assert final.keys() == reference_final.keys()
+    assert all(torch.equal(final[k], reference_final[k]) for k in final)
+
+
+def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_named(tmp_path):
+    first = run_pretrain(tmp_path, "model=bert-tiny", "debug=smoke", "run_name=one")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_pretrain(tmp_path, "model=bert-tiny", "debug=smoke", "run_name=one")
+    assert again.returncode == 2
+    assert "already has checkpoints" in again.stderr and "resume=auto" in again.stderr
+
+    wider = run_pretrain(
+        tmp_path, "model=bert-tiny", "debug=smoke", "run_name=one", "resume=auto", "model.d_ff=256"
+    )
+    assert wider.returncode == 2
+    assert "model.d_ff: checkpoint 512, this run 256" in wider.stderr
+
+
+def test_newest_checkpoint_skips_a_damaged_file(tmp_path):
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    good = directory / "step0000005.ckpt"
+    torch.save({"state_dict": {}, "global_step": 5}, good)
+    damaged = directory / "step0000010.ckpt"
+    damaged.write_bytes(b"not a checkpoint")
+    assert newest_checkpoint(tmp_path) == good
+    assert newest_checkpoint(tmp_path / "elsewhere") is None
+
+
+def test_check_compatible_lists_every_mismatched_field(small_docs, tmp_path):
+    config = BertConfig.from_preset("tiny", vocab_size=1000)
+    saved = {"model_config": model_config_record(config)}
+    tokenizer = get_tokenizer(
+        TokenizerSpec(kind="wordpiece", vocab_size=500), ListCorpus(small_docs), tmp_path
+    )
+    check_compatible(saved, config, tokenizer)  # no tokenizer saved: only the model is compared
+    other = BertConfig.from_preset("tiny", vocab_size=1000, n_layers=3, d_ff=256)
+    with pytest.raises(CheckpointLoadError) as err:
+        check_compatible(saved, other, tokenizer)
+    assert "model.n_layers: checkpoint 2, this run 3" in str(err.value)
+    assert "model.d_ff: checkpoint 512, this run 256" in str(err.value)
