@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 import hydra
@@ -18,6 +19,7 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer
 
 from datamodules.pretrain import PretrainDataModule
 from models.config import round_up
@@ -33,7 +35,7 @@ from pipeline.checkpoints import (
 from pipeline.cli import entry_point, user_errors
 from pipeline.config import RunPlan, check_config
 from pipeline.load import load_pretrained, read_checkpoint
-from pipeline.modules import module_for
+from pipeline.modules import PretrainModule, module_for
 from tokenizer import get_tokenizer
 
 log = logging.getLogger(__name__)
@@ -68,16 +70,23 @@ def build_trainer(cfg: DictConfig, run_dir: Path, extras: L.Callback) -> L.Train
     )
 
 
-def train(cfg: DictConfig, plan: RunPlan) -> None:
-    L.seed_everything(cfg.seed, workers=True)
-    run_dir = Path(cfg.paths.output_dir)
-    resume_from = resume_checkpoint(cfg.resume, run_dir)
-    tokenizer = get_tokenizer(plan.tokenizer, plan.corpus, cfg.paths.cache_dir)
+def launcher_rank() -> int:
+    """This process's global rank as set by an external launcher (torchrun, SLURM), else 0.
+    (Processes that Lightning's own launcher starts come after rank 0 has set things up.)"""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        return int(os.environ.get("SLURM_PROCID", "0"))
+    return 0
+
+
+def assemble(
+    cfg: DictConfig, plan: RunPlan, tokenizer: Tokenizer, run_dir: Path
+) -> tuple[PretrainModule, PretrainDataModule, L.Trainer]:
+    """The LightningModule, datamodule and Trainer of a run, as the config describes them."""
     model_config = dataclasses.replace(
         plan.model, vocab_size=model_vocab_size(tokenizer.get_vocab_size(), plan.family)
     )
-    if resume_from is not None:
-        check_compatible(read_checkpoint(resume_from), model_config, tokenizer)
     datamodule = PretrainDataModule(
         plan.corpus,
         tokenizer,
@@ -99,7 +108,19 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
     extras = CheckpointExtras(
         tokenizer, plan.tokenizer.kind, OmegaConf.to_container(cfg, resolve=True)
     )
-    trainer = build_trainer(cfg, run_dir, extras)
+    return module, datamodule, build_trainer(cfg, run_dir, extras)
+
+
+def train(cfg: DictConfig, plan: RunPlan) -> None:
+    L.seed_everything(cfg.seed, workers=True)
+    run_dir = Path(cfg.paths.output_dir)
+    resume_from = resume_checkpoint(cfg.resume, run_dir)
+    tokenizer = get_tokenizer(
+        plan.tokenizer, plan.corpus, cfg.paths.cache_dir, may_train=launcher_rank() == 0
+    )
+    module, datamodule, trainer = assemble(cfg, plan, tokenizer, run_dir)
+    if resume_from is not None:
+        check_compatible(read_checkpoint(resume_from), module.model_config, tokenizer)
     if trainer.is_global_zero:
         tokenizer.save(str(run_dir / "tokenizer.json"))
         print(f"{plan.family} model, {module.parameter_count():,} parameters; run folder {run_dir}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -60,13 +61,24 @@ class TokenizerSpec:
         return settings
 
 
-def get_tokenizer(spec: TokenizerSpec, corpus, cache_dir: str | os.PathLike) -> Tokenizer:
+def get_tokenizer(
+    spec: TokenizerSpec,
+    corpus,
+    cache_dir: str | os.PathLike,
+    *,
+    may_train: bool = True,
+    wait_timeout_s: float = 6 * 3600,
+) -> Tokenizer:
     """The run's tokenizer: loaded from `spec.path`, else from the cache, else trained and cached.
 
     Args:
         spec: tokenizer settings.
         corpus: a corpus from `datamodules.corpus` (only read when training).
         cache_dir: root of the project's caches.
+        may_train: False in every process of a multi-process run but rank 0: WordPiece
+            training is not reproducible across processes, so the others wait for rank 0's
+            cached tokenizer instead of training their own.
+        wait_timeout_s: how long a process that may not train waits.
     """
     if spec.path:
         tokenizer = load_tokenizer(spec.path, lowercase=spec.lowercase)
@@ -74,6 +86,8 @@ def get_tokenizer(spec: TokenizerSpec, corpus, cache_dir: str | os.PathLike) -> 
         return tokenizer
     path = tokenizer_cache_path(spec, corpus, cache_dir)
     tokenizer = read_cached(path)
+    if tokenizer is None and not may_train:
+        tokenizer = _wait_for_cached(path, wait_timeout_s)
     if tokenizer is not None:
         log.info("reusing cached tokenizer %s", path)
         return tokenizer
@@ -93,3 +107,17 @@ def tokenizer_cache_path(spec: TokenizerSpec, corpus, cache_dir: str | os.PathLi
     return cached_tokenizer_path(
         cache_dir, spec.kind, cache_key(corpus.fingerprint(), spec.training_settings())
     )
+
+
+def _wait_for_cached(path: Path, timeout_s: float, poll_s: float = 1.0) -> Tokenizer:
+    log.info("waiting for rank 0 to train the tokenizer (%s)", path)
+    deadline = time.monotonic() + timeout_s
+    while (tokenizer := read_cached(path)) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"waited {timeout_s:.0f} s for rank 0 to write the tokenizer {path}; the "
+                "processes need a shared paths.cache_dir, or give a trained tokenizer with "
+                "tokenizer.path=... (make tokenizer trains one)"
+            )
+        time.sleep(poll_s)
+    return tokenizer

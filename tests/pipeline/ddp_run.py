@@ -1,0 +1,160 @@
+"""A tiny pretraining run under Lightning DDP on 2 CPU processes (gloo), for `test_ddp.py`.
+
+    python tests/pipeline/ddp_run.py FAMILY TOKENIZER_JSON CACHE_DIR OUT_DIR STEPS ACCUMULATE
+
+Lightning starts rank 1 by re-running this script. Every rank writes `OUT_DIR/rank<r>.pt`:
+the weights after DDP's start-up broadcast and after training, the gradients and micro-batches
+of the first optimizer step, and, for every batch the rank trained on, its (epoch, index) in
+the rank's dataset, the item ids that batch holds and whether the batch handed out by the loader
+is exactly the dataset's batch at that key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+
+from datamodules.batches import STEP_TOTAL
+from datamodules.corpus import EmbeddedCorpus
+from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.pretrain import PretrainDataModule
+from models.config import BertConfig, GPTConfig
+from pipeline.modules import module_for
+from pipeline.pretrain import model_vocab_size
+from pipeline.schedules import warmup_cosine, warmup_linear_decay
+from tokenizer import load_tokenizer
+
+SEED = 7
+WORLD_SIZE = 2
+KIND = {"bert": "wordpiece", "gpt": "bpe"}
+
+
+def model_config(family: str, tokenizer_vocab: int) -> BertConfig | GPTConfig:
+    """The tiny preset; dropout off so that the test can recompute the first step's gradients."""
+    vocab = model_vocab_size(tokenizer_vocab, family)
+    if family == "bert":
+        return BertConfig.from_preset("tiny", vocab_size=vocab, dropout=0.0, attn_dropout=0.0)
+    return GPTConfig.from_preset("tiny", vocab_size=vocab)
+
+
+def objective(family: str) -> MaskedLMObjective | CausalLMObjective:
+    if family == "bert":
+        return MaskedLMObjective(seq_len=64, batch_size=4, max_predictions_per_seq=10)
+    return CausalLMObjective(seq_len=64, batch_size=4)
+
+
+def optimizer_and_schedule(family: str):
+    """The partials `conf/optim/adamw_*.yaml` and `conf/schedule/*.yaml` instantiate to."""
+    if family == "bert":
+        optimizer = functools.partial(
+            torch.optim.AdamW, lr=5e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01
+        )
+        return optimizer, functools.partial(warmup_linear_decay, warmup_steps=1)
+    optimizer = functools.partial(
+        torch.optim.AdamW, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1
+    )
+    return optimizer, functools.partial(warmup_cosine, warmup_steps=1)
+
+
+def parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in module.named_parameters()}
+
+
+class Recorder(L.Callback):
+    """Records what this rank trained on and its weights, and saves them when training ends."""
+
+    def __init__(self, out_dir: Path, micro_batches: int) -> None:
+        self.out_dir = out_dir
+        self.micro_batches = micro_batches
+        self.record: dict = {"batches": [], "first_step_batches": []}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.record["initial"] = parameters(pl_module.model)  # after DDP's broadcast
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # A fresh run starts every epoch at batch 0 of the rank's dataset, so Lightning's
+        # batch_idx is the dataset index (micro-batch j of step s is index s * k + j).
+        dataset = trainer.datamodule.train_set
+        epoch = trainer.current_epoch
+        expected = dataset[(epoch, batch_idx)]
+        same = set(expected) == {k for k in batch if not k.startswith(STEP_TOTAL)} and all(
+            torch.equal(batch[name], torch.from_numpy(array)) for name, array in expected.items()
+        )
+        self.record["batches"].append(
+            {
+                "epoch": epoch,
+                "index": batch_idx,
+                "items": dataset.batch_items(epoch, batch_idx).tolist(),
+                "order": dataset.order(epoch).tolist(),
+                "matches_dataset": same,
+            }
+        )
+        if batch_idx < self.micro_batches:
+            self.record["first_step_batches"].append({k: v.clone() for k, v in batch.items()})
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if trainer.global_step == 0:  # after the last micro-batch's backward and all-reduce
+            self.record["first_step_grads"] = {
+                name: p.grad.detach().clone() for name, p in pl_module.model.named_parameters()
+            }
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.record |= {
+            "final": parameters(pl_module.model),
+            "global_step": trainer.global_step,
+            "world_size": trainer.world_size,
+            "strategy": type(trainer.strategy).__name__,
+            "backend": torch.distributed.get_backend(),
+            "model_config": dataclasses.asdict(pl_module.model_config),
+        }
+        torch.save(self.record, self.out_dir / f"rank{trainer.global_rank}.pt")
+
+
+def main(family: str, tokenizer_json: str, cache_dir: str, out: str, steps: int, k: int) -> None:
+    torch.set_num_threads(1)  # two ranks share the machine's cores
+    L.seed_everything(SEED, workers=True)
+    tokenizer = load_tokenizer(tokenizer_json)  # trained once, by the test: the same on both ranks
+    datamodule = PretrainDataModule(
+        EmbeddedCorpus(),
+        tokenizer,
+        KIND[family],
+        objective(family),
+        cache_dir,
+        seed=SEED,
+        val_fraction=0.0,
+        micro_batches=k,
+        wait_timeout_s=120,
+    )
+    optimizer, schedule = optimizer_and_schedule(family)
+    module = module_for(family)(
+        model_config(family, tokenizer.get_vocab_size()), optimizer=optimizer, scheduler=schedule
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=WORLD_SIZE,
+        # "ddp" with a timeout: a rank whose peer died fails instead of waiting 30 minutes.
+        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120)),
+        precision="32-true",
+        max_steps=steps,
+        accumulate_grad_batches=k,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        callbacks=[Recorder(Path(out), k)],
+    )
+    trainer.fit(module, datamodule=datamodule)
+
+
+if __name__ == "__main__":
+    family, tokenizer_json, cache_dir, out, steps, k = sys.argv[1:]
+    main(family, tokenizer_json, cache_dir, out, int(steps), int(k))
