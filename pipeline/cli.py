@@ -4,6 +4,8 @@
 - Make overrides: `make pretrain model=gpt trainer.max_steps=50` hands `key=value` words to make as
   variables; make records them, escaped, in MAKEFLAGS, and `entry_point` turns them back into
   Hydra overrides exactly (spaces, globs and quotes intact, no shell in between).
+- Free text (`make generate prompt="..."`, `make fill-mask text="..."`): `literal_text_overrides`
+  quotes it for Hydra, whose override grammar would read `[`, `,`, `'` and `${` as syntax.
 - `user_errors`: bad input ends the run with one clear line and exit status 2, not a traceback.
 """
 
@@ -12,11 +14,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable, Iterator
 from datetime import datetime
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
@@ -104,14 +108,55 @@ def overrides_from_make(makeflags: str) -> list[str]:
     return overrides + extra
 
 
-def entry_point(main: Callable[[], None]) -> None:
+def entry_point(main: Callable[[], None], literal_keys: tuple[str, ...] = ()) -> None:
     """Run a `@hydra.main` function, first adding the overrides given to make (when launched by
     the Makefile; the flag is consumed so that re-launched child processes do not add them
-    twice)."""
+    twice), and quoting the values of `literal_keys` (free text such as a prompt)."""
     register_resolvers()
     if os.environ.pop(FROM_MAKE_ENV, None):
         sys.argv.extend(overrides_from_make(os.environ.get("MAKEFLAGS", "")))
+    if literal_keys:
+        sys.argv[1:] = literal_text_overrides(sys.argv[1:], literal_keys)
     main()
+
+
+def literal_text_overrides(args: list[str], keys: tuple[str, ...]) -> list[str]:
+    """Command-line overrides with the values of `keys` turned into quoted Hydra strings.
+
+    `make fill-mask text="The capital of France is [MASK]."` reaches Hydra as
+    `text=The capital of France is [MASK].`, which its override grammar rejects (`[` opens a
+    list; `,` makes a sweep, `'` a quote, `${` an interpolation). A prompt is text, never Hydra
+    syntax, so it is quoted here, exactly; a value the user already quoted is left alone.
+    """
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in keys and not _is_quoted(arg):
+            arg = f"{key}={_hydra_quote(value)}"
+        out.append(arg)
+    return out
+
+
+def _is_quoted(override: str) -> bool:
+    value = override.partition("=")[2]
+    if len(value) < 2 or value[0] != value[-1] or value[0] not in "'\"":
+        return False
+    try:
+        return isinstance(OverridesParser.create().parse_override(override).value(), str)
+    except Exception:  # not one quoted string after all, e.g. 'a' and 'b'
+        return False
+
+
+def _hydra_quote(text: str) -> str:
+    """A single-quoted Hydra override value that reads back as exactly `text`.
+
+    Two layers: OmegaConf reads `${` as an interpolation unless escaped (`\\${`, with the
+    backslashes before it doubled); then Hydra's quoted string needs `\\'` for a quote and
+    doubled backslashes where they precede a quote or end the string.
+    """
+    text = re.sub(r"(\\*)\$\{", lambda m: m[1] * 2 + "\\${", text)
+    text = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
+    return f"'{text}'"
 
 
 USER_ERRORS = (

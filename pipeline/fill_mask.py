@@ -25,7 +25,6 @@ from pipeline.load import (
     Pretrained,
     expect_family,
     inference_autocast,
-    literal_text_overrides,
     load_pretrained,
     require_keys,
     resolve_device,
@@ -151,10 +150,5 @@ def main(cfg: DictConfig) -> None:
         print(f"best: {best_filling(pretrained, text, guesses)}")
 
 
-def _main_with_literal_text() -> None:
-    sys.argv[1:] = literal_text_overrides(sys.argv[1:], ("text",))
-    main()
-
-
 if __name__ == "__main__":
-    entry_point(_main_with_literal_text)
+    entry_point(main, literal_keys=("text",))

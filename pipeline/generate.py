@@ -25,7 +25,6 @@ from pipeline.load import (
     Pretrained,
     expect_family,
     inference_autocast,
-    literal_text_overrides,
     load_pretrained,
     require_keys,
     resolve_device,
@@ -149,10 +148,5 @@ def main(cfg: DictConfig) -> None:
         print_samples(generate(pretrained, prompt, sampling, device))
 
 
-def _main_with_literal_prompt() -> None:
-    sys.argv[1:] = literal_text_overrides(sys.argv[1:], ("prompt",))
-    main()
-
-
 if __name__ == "__main__":
-    entry_point(_main_with_literal_prompt)
+    entry_point(main, literal_keys=("prompt",))

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 from torch import nn
@@ -47,7 +46,6 @@ __all__ = [
     "WrongFamilyError",
     "expect_family",
     "inference_autocast",
-    "literal_text_overrides",
     "load_pretrained",
     "read_checkpoint",
     "require_keys",
@@ -357,42 +355,3 @@ def require_keys(cfg: DictConfig, usage: str, *keys: str) -> None:
     for key in keys:
         if OmegaConf.is_missing(cfg, key):
             raise ConfigError(f"{key} is required: {usage}")
-
-
-def literal_text_overrides(args: list[str], keys: tuple[str, ...]) -> list[str]:
-    """Command-line overrides with the values of `keys` turned into quoted Hydra strings.
-
-    `make fill-mask text="The capital of France is [MASK]."` reaches Hydra as
-    `text=The capital of France is [MASK].`, which its override grammar rejects (`[` opens a
-    list; `,` makes a sweep, `'` a quote, `${` an interpolation). A prompt is text, never Hydra
-    syntax, so it is quoted here, exactly; a value the user already quoted is left alone.
-    """
-    out = []
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        if sep and key.lstrip("+") in keys and not _is_quoted(arg):
-            arg = f"{key}={_hydra_quote(value)}"
-        out.append(arg)
-    return out
-
-
-def _is_quoted(override: str) -> bool:
-    value = override.partition("=")[2]
-    if len(value) < 2 or value[0] != value[-1] or value[0] not in "'\"":
-        return False
-    try:
-        return isinstance(OverridesParser.create().parse_override(override).value(), str)
-    except Exception:  # not one quoted string after all, e.g. 'a' and 'b'
-        return False
-
-
-def _hydra_quote(text: str) -> str:
-    """A single-quoted Hydra override value that reads back as exactly `text`.
-
-    Two layers: OmegaConf reads `${` as an interpolation unless escaped (`\\${`, with the
-    backslashes before it doubled); then Hydra's quoted string needs `\\'` for a quote and
-    doubled backslashes where they precede a quote or end the string.
-    """
-    text = re.sub(r"(\\*)\$\{", lambda m: m[1] * 2 + "\\${", text)
-    text = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
-    return f"'{text}'"

@@ -10,9 +10,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from pipeline.cli import literal_text_overrides
 from pipeline.config import ConfigError
 from pipeline.generate import Sampling, continue_ids, generate, prompt_ids
-from pipeline.load import literal_text_overrides, load_pretrained, require_keys
+from pipeline.load import load_pretrained, require_keys
 from tests.conftest import CONF, REPO
 from tests.pipeline.checkpoints import write_run
 from tokenizer.special import EOT
