@@ -150,9 +150,11 @@ def print_summary(trainer: L.Trainer, run_dir: Path, export_dir: Path, family: s
         if path is not None and path.exists():  # e.g. no metrics file when loggers are off
             print(f"  {label:<11} {path}")
     if family == "gpt":
-        print(f"next: load {export_dir} with transformers.AutoModelForCausalLM")
+        print(f'next: make generate ckpt={run_dir} prompt="The history of"')
+        print(f"      or load {export_dir} with transformers.AutoModelForCausalLM")
     else:
-        print(f"next: load {export_dir} with transformers.AutoModelForPreTraining")
+        print(f'next: make fill-mask ckpt={run_dir} text="The capital of France is [MASK]."')
+        print(f"      or load {export_dir} with transformers.AutoModelForPreTraining")
 
 
 @hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")

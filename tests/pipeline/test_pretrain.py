@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 from tokenizers import Tokenizer
 
-from tests.conftest import run_pretrain
+from tests.conftest import CLI_ENV, REPO, run_pretrain
 
 
 @pytest.mark.parametrize("model", ["bert-tiny", "gpt-tiny"])
@@ -39,3 +41,23 @@ def test_pretrain_smoke_run_leaves_checkpoint_logs_and_hf_export(tmp_path, model
     )
     assert (run_dir / "hf" / "model.safetensors").is_file()
     assert (run_dir / "tokenizer.json").is_file()
+
+    # The command the summary suggests works on the run folder (checkpoint with its tokenizer).
+    command = (
+        ["pipeline.generate", "prompt=The", "max_new_tokens=5"]
+        if model.startswith("gpt")
+        else ["pipeline.fill_mask", "text=The [MASK] statement."]
+    )
+    assert (
+        f"next: make {command[0].split('.')[1].replace('_', '-')} ckpt={run_dir}" in result.stdout
+    )
+    poke = subprocess.run(
+        [sys.executable, "-m", command[0], f"ckpt={run_dir}", *command[1:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=CLI_ENV,
+    )
+    assert poke.returncode == 0, poke.stderr[-2000:]
+    assert poke.stdout.strip()
