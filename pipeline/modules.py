@@ -64,6 +64,7 @@ class PretrainModule(L.LightningModule):
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
         self._losses_finite: torch.Tensor | None = None  # in the current step so far
+        self._totals: tuple[int, dict[str, torch.Tensor]] | None = None  # (step, totals)
         # No NaN screening in the metrics (it syncs the GPU on every update): a non-finite
         # training step is dropped whole in `on_before_optimizer_step`.
         names = self.metric_names()
@@ -126,16 +127,27 @@ class PretrainModule(L.LightningModule):
         """
         trainer = self.trainer
         scale = trainer.accumulate_grad_batches * trainer.world_size
+        totals = self._step_totals(batch)
         loss = torch.zeros((), device=self.device)
         for name, count_name in self.loss_terms.items():
             if name not in results or results[name][1] == 0:
                 continue
             mean, count = results[name]
-            total = batch[STEP_TOTAL + count_name].to(self.device, torch.float32)
-            if trainer.world_size > 1:
-                total = trainer.strategy.reduce(total, reduce_op="sum")
-            loss = loss + mean * (count * scale / total)
+            loss = loss + mean * (count * scale / totals[count_name])
         return loss
+
+    def _step_totals(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The step's prediction counts summed over processes: one all-reduce per optimizer
+        step (every micro-batch of a step carries the same local totals)."""
+        if self._totals is not None and self._totals[0] == self.global_step:
+            return self._totals[1]
+        names = sorted(k[len(STEP_TOTAL) :] for k in batch if k.startswith(STEP_TOTAL))
+        stacked = torch.stack([batch[STEP_TOTAL + n] for n in names]).to(self.device, torch.float64)
+        if self.trainer.world_size > 1:
+            torch.distributed.all_reduce(stacked)  # a sum, without Lightning's extra barrier
+        totals = {n: stacked[i].float() for i, n in enumerate(names)}
+        self._totals = (self.global_step, totals)
+        return totals
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Called once per optimizer step, after the last micro-batch's backward (and after

@@ -4,9 +4,9 @@
 
 Lightning starts rank 1 by re-running this script. Every rank writes `OUT_DIR/rank<r>.pt`:
 the weights after DDP's start-up broadcast and after training, the gradients and micro-batches
-of the first optimizer step, and, for every batch the rank trained on, its (epoch, index) in
-the rank's dataset, the item ids that batch holds and whether the batch handed out by the loader
-is exactly the dataset's batch at that key.
+of the first optimizer step, its token store and epoch-0 item order, and, for every batch it
+trained on: its (epoch, index) in the rank's dataset, whether the loader's batch is exactly the
+dataset's batch at that key, the item ids the batch holds, and what text they are (`content`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 
-from datamodules.batches import STEP_TOTAL
+from datamodules.batches import STEP_TOTAL, BertBatches
 from datamodules.corpus import EmbeddedCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
@@ -67,6 +67,14 @@ def parameters(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in module.named_parameters()}
 
 
+def content(dataset, epoch: int, items, batch: dict[str, torch.Tensor]) -> list[tuple]:
+    """What text a batch's items are: a BERT instance's segment A (token offsets into the
+    store, unique per instance of an epoch), a GPT window's tokens."""
+    if isinstance(dataset, BertBatches):
+        return [tuple(span) for span in dataset.instances(epoch)[items][:, :2].tolist()]
+    return [tuple(row) for row in batch["input_ids"].tolist()]
+
+
 class Recorder(L.Callback):
     """Records what this rank trained on and its weights, and saves them when training ends."""
 
@@ -79,21 +87,23 @@ class Recorder(L.Callback):
         self.record["initial"] = parameters(pl_module.model)  # after DDP's broadcast
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        # A fresh run starts every epoch at batch 0 of the rank's dataset, so Lightning's
-        # batch_idx is the dataset index (micro-batch j of step s is index s * k + j).
+        # A fresh run starts its epoch at batch 0 of the rank's dataset, so Lightning's
+        # batch_idx should be the dataset index (micro-batch j of step s is index s * k + j):
+        # `matches_dataset` checks that the loader handed out exactly that batch.
         dataset = trainer.datamodule.train_set
         epoch = trainer.current_epoch
         expected = dataset[(epoch, batch_idx)]
         same = set(expected) == {k for k in batch if not k.startswith(STEP_TOTAL)} and all(
             torch.equal(batch[name], torch.from_numpy(array)) for name, array in expected.items()
         )
+        items = dataset.batch_items(epoch, batch_idx)
         self.record["batches"].append(
             {
                 "epoch": epoch,
                 "index": batch_idx,
-                "items": dataset.batch_items(epoch, batch_idx).tolist(),
-                "order": dataset.order(epoch).tolist(),
                 "matches_dataset": same,
+                "items": items.tolist(),
+                "content": content(dataset, epoch, items, batch),
             }
         )
         if batch_idx < self.micro_batches:
@@ -106,7 +116,10 @@ class Recorder(L.Callback):
             }
 
     def on_train_end(self, trainer, pl_module) -> None:
+        datamodule = trainer.datamodule
         self.record |= {
+            "store": str(datamodule.store.path),
+            "order": datamodule.train_set.order(0).tolist(),
             "final": parameters(pl_module.model),
             "global_step": trainer.global_step,
             "world_size": trainer.world_size,

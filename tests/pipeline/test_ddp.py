@@ -1,12 +1,13 @@
 """Two-process DDP on CPU (gloo): a real pretraining run (`PretrainModule` + `PretrainDataModule`,
-started by Lightning with strategy ddp, devices=2) keeps the ranks' weights identical, gives the
-ranks disjoint data, and takes the gradient of the loss averaged over every prediction of the step
-on both ranks (with gradient accumulation for BERT, whose micro-batches predict unequal numbers of
-tokens)."""
+launched by Lightning with a DDP strategy on 2 CPU devices, see `ddp_run.py`) keeps the ranks'
+weights identical, gives the ranks disjoint data, and takes the gradient of the loss averaged
+over every prediction of the step on both ranks (with gradient accumulation for BERT, whose
+micro-batches predict unequal numbers of tokens)."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,8 +25,15 @@ from tests.pipeline.ddp_run import KIND
 from tokenizer import batched, train_tokenizer
 
 SCRIPT = Path(__file__).with_name("ddp_run.py")
-TIMEOUT_S = 240
+TIMEOUT_S = 240  # a normal run takes ~10 s; ddp_run.py's own collective timeout is 120 s
 STEPS = 4
+
+
+def failure_report(output: str) -> str:
+    """Every rank's exception line first (the rank that crashed first is not always the last
+    to print), then the end of the output."""
+    errors = re.findall(r"^(?:\[rank\d+\]: )?\w*(?:Error|Exception)\b.*$", output, re.MULTILINE)
+    return "\n".join(errors) + "\n--- end of output ---\n" + output[-3000:]
 
 
 def run_ddp(tmp_path: Path, family: str, accumulate: int) -> list[dict]:
@@ -46,33 +54,34 @@ def run_ddp(tmp_path: Path, family: str, accumulate: int) -> list[dict]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,  # its own process group: rank 1 is killed with it
+        start_new_session=True,  # its own process group, so that rank 1 is killed with it
     )
     try:
         output, _ = process.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-        pytest.fail(f"the DDP run did not finish in {TIMEOUT_S} s:\n{output[-3000:]}")
-    assert process.returncode == 0, output[-3000:]
-    missing = [r for r in range(2) if not (out / f"rank{r}.pt").is_file()]
-    assert not missing, f"ranks {missing} wrote no record:\n{output[-3000:]}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
+        pytest.fail(f"the DDP run did not finish in {TIMEOUT_S} s:\n{failure_report(output)}")
+    assert process.returncode == 0, failure_report(output)
+    missing = [rank for rank in range(2) if not (out / f"rank{rank}.pt").is_file()]
+    assert not missing, f"ranks {missing} wrote no record:\n{failure_report(output)}"
+    return [torch.load(out / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
 
 
 def reference_gradients(family: str, record: dict, micro_batches: list[dict]) -> dict:
-    """Gradients at the initial weights of the loss the step should optimize: every loss term's
-    summed cross-entropy over all micro-batches of both ranks, divided by the number of its
+    """Gradients, at the initial weights, of the loss a step should optimize: each loss term's
+    cross-entropy summed over the micro-batches of both ranks, divided by the number of its
     predictions there."""
-    config_class = BertConfig if family == "bert" else GPTConfig
-    model = module_for(family)(config_class(**record["model_config"]), None, None).model
+    config = (BertConfig if family == "bert" else GPTConfig)(**record["model_config"])
+    model = module_for(family)(config, optimizer=None, scheduler=None).model
     model.load_state_dict(record["initial"])
-    sums, counts = {}, {}
+    sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, int] = {}
 
     def add(term: str, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
-        sums[term] = sums.get(term, 0) + loss
-        counts[term] = counts.get(term, 0) + targets.numel()
+        logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+        sums[term] = sums.get(term, 0) + F.cross_entropy(logits, targets, reduction="sum")
+        counts[term] = counts.get(term, 0) + len(targets)
 
     for batch in micro_batches:
         if family == "bert":
@@ -91,43 +100,47 @@ def reference_gradients(family: str, record: dict, micro_batches: list[dict]) ->
 
 
 @pytest.mark.parametrize(("family", "accumulate"), [("bert", 2), ("gpt", 1)])
-def test_ddp_ranks_stay_identical_on_disjoint_data(tmp_path, family, accumulate):
+def test_ddp_ranks_train_identical_weights_on_disjoint_data(tmp_path, family, accumulate):
     ranks = run_ddp(tmp_path, family, accumulate)
+    first, second = ranks
     for record in ranks:
         assert (record["strategy"], record["backend"]) == ("DDPStrategy", "gloo")
         assert (record["world_size"], record["global_step"]) == (2, STEPS)
         assert len(record["batches"]) == STEPS * accumulate
 
-    # 1. Same weights on both ranks, at the start and after training, and training moved them.
-    first, second = ranks
+    # 1. The same weights on both ranks, at the start and after training; training moved them.
     assert first["final"].keys() == second["final"].keys() == first["initial"].keys()
-    for name in first["final"]:
+    for name, final in first["final"].items():
         assert torch.equal(first["initial"][name], second["initial"][name]), name
-        assert torch.equal(first["final"][name], second["final"][name]), name
-        assert not torch.equal(first["final"][name], first["initial"][name]), name
+        assert torch.equal(final, second["final"][name]), f"{name} differs between the ranks"
+        assert not torch.equal(final, first["initial"][name]), f"{name} was not trained"
 
-    # 2. Disjoint data: each rank trained on exactly its dataset's batches (0, 1, ... of epoch
-    # 0), the ranks order the epoch's items alike, and no item went to both ranks.
-    items = []
+    # 2. Disjoint data. Each rank trained on exactly its dataset's batches 0, 1, ... of epoch 0;
+    # both read the same store in the same item order; no item, and no text, went to both.
+    assert first["store"] == second["store"]
+    assert first["order"] == second["order"]
+    items, content = [], []
     for record in ranks:
         batches = record["batches"]
         assert [(b["epoch"], b["index"]) for b in batches] == [(0, i) for i in range(len(batches))]
-        assert all(b["matches_dataset"] for b in batches)
-        assert all(b["order"] == batches[0]["order"] for b in batches)
+        assert all(b["matches_dataset"] for b in batches), (
+            "the loader's batches are not the dataset's"
+        )
         items.append([item for b in batches for item in b["items"]])
-    assert first["batches"][0]["order"] == second["batches"][0]["order"]
-    for rank_items in items:
-        assert len(rank_items) == len(set(rank_items)) > 0  # no repeats within a step run
-    assert set(items[0]).isdisjoint(items[1])
-    if family == "gpt":  # the windows' tokens differ too
-        rows = [{tuple(r) for b in record["first_step_batches"] for r in b["input_ids"].tolist()} for record in ranks]
-        assert rows[0].isdisjoint(rows[1])
+        content.append([text for b in batches for text in b["content"]])
+        assert len(set(items[-1])) == len(items[-1]) == len(set(content[-1]))
+    shared = set(items[0]) & set(items[1])
+    assert not shared, f"items {sorted(shared)} went to both ranks"
+    assert set(content[0]).isdisjoint(content[1]), "the same text went to both ranks"
 
-    # 3. The first step's gradient (after DDP's all-reduce, the same on both ranks) is that of the
-    # loss averaged over all predictions of the step's micro-batches on both ranks.
+    # 3. The first step's gradient (after DDP's all-reduce: the same on both ranks) is that of
+    # the loss averaged over every prediction of the step's micro-batches on both ranks.
     micro_batches = first["first_step_batches"] + second["first_step_batches"]
     assert len(micro_batches) == 2 * accumulate
     expected = reference_gradients(family, first, micro_batches)
+    assert first["first_step_grads"].keys() == expected.keys()
     for name, grad in first["first_step_grads"].items():
         assert torch.equal(grad, second["first_step_grads"][name]), name
-        torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-7, msg=name)
+        torch.testing.assert_close(
+            grad, expected[name], rtol=1e-4, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}"
+        )
