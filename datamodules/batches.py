@@ -43,6 +43,11 @@ _ORDER, _INSTANCES, _BATCH = 1, 2, 3  # purpose tags, likewise
 _PAD_MULTIPLE = 8
 
 
+class DataSetupError(ValueError):
+    """The data does not fit the run's settings: too little text for a batch or an optimizer
+    step, or a resume position saved under other settings."""
+
+
 class EpochBatches(Dataset):
     """Base class: one rank's batches of an epoch. Subclasses say what the items are (calling
     `set_num_items` once they know how many) and how a batch of them is built.
@@ -140,7 +145,7 @@ class StepBatches(Dataset):
         if micro_batches < 1:
             raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
         if len(batches) < micro_batches:
-            raise ValueError(
+            raise DataSetupError(
                 f"an epoch has {len(batches)} batches per process, fewer than the "
                 f"{micro_batches} micro-batches of one optimizer step; lower "
                 "trainer.accumulate_grad_batches or objective.batch_size, or use more text"
@@ -310,7 +315,7 @@ class GPTBatches(EpochBatches):
         self.eos_id = store.eos_id
         windows = self.stream.num_windows(objective.seq_len)
         if windows == 0:
-            raise ValueError(
+            raise DataSetupError(
                 f"the {SPLIT_NAMES[self.split]} documents hold {len(self.stream)} tokens, fewer "
                 f"than one window of objective.seq_len + 1 = {objective.seq_len + 1}; use more "
                 "text, a larger val_fraction, or a shorter seq_len"

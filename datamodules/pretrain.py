@@ -8,7 +8,7 @@
   `prepare_data` did not run), holds out the validation documents and builds the datasets.
 - Batches are described in `datamodules.batches`; each rank reads a disjoint share
   (`datamodules.sharding`).
-- `state_dict()` records the position (epoch, batches done in the epoch) and the seed that,
+- `state_dict()` records the position (epoch, optimizer steps done in the epoch) and the seed that,
   with the position, determines every batch; Lightning saves it in checkpoints.
   `load_state_dict()` makes the next training epoch start exactly there: a resumed run gets the
   batches the uninterrupted run would have got next, without replaying the skipped ones.
@@ -30,7 +30,15 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from datamodules.batches import TRAIN, VAL, BertBatches, EpochBatches, GPTBatches, StepBatches
+from datamodules.batches import (
+    TRAIN,
+    VAL,
+    BertBatches,
+    DataSetupError,
+    EpochBatches,
+    GPTBatches,
+    StepBatches,
+)
 from datamodules.masking import MLMMasker, continuation_table
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.sharding import EpochSampler, split_documents
@@ -429,14 +437,14 @@ class PretrainDataModule(L.LightningDataModule):
         }
         for key, value in expected.items():
             if state.get(key, 1 if key == "micro_batches" else None) != value:
-                raise ValueError(
+                raise DataSetupError(
                     f"cannot resume the data position exactly: the checkpoint has {key}="
                     f"{state.get(key)!r}, this run {value!r}. Resume with the same data seed, "
                     "corpus, objective (batch size, seq_len), gradient accumulation and number "
                     "of processes, or start the data from the beginning"
                 )
         self._sampler.resume(int(state["epoch"]), int(state["step"]))
-        log.info("data position restored: epoch %d, batch %d", state["epoch"], state["step"])
+        log.info("data position restored: epoch %d, step %d", state["epoch"], state["step"])
 
     def _require_setup(self) -> None:
         if self.train_set is None:

@@ -31,7 +31,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from tokenizers import Tokenizer
 
 from models.config import BertConfig, GPTConfig
-from pipeline.config import ConfigError
+from pipeline.config import FAMILIES, ConfigError
 from pipeline.load import CheckpointLoadError, read_checkpoint
 from tokenizer import atomic_path
 
@@ -48,12 +48,38 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, tmp)
 
 
+class StepCheckpoint(ModelCheckpoint):
+    """A ModelCheckpoint that saves only between optimizer steps, and always at the end.
+
+    Lightning's saves a step when its first micro-batch ends (with gradient accumulation that
+    is mid-step, in particular right after a resume, as it does not remember which step it last
+    saved), and at the end only when nothing was saved during the run, so a run stopped by
+    `max_time` or with `max_steps` not a multiple of `every_n_steps` would lose its last steps.
+    """
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._last_global_step_saved = trainer.global_step  # resumed from it: on disk already
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.fit_loop.epoch_loop._should_accumulate():
+            return  # mid-step: the gradients of the step so far are in no checkpoint
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.save_last and self._last_global_step_saved != trainer.global_step:
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+        super().on_train_end(trainer, pl_module)
+
+
 def checkpoint_callbacks(
     run_dir: Path, every_n_steps: int, keep_last: int, keep_best: int
 ) -> list[ModelCheckpoint]:
     """The periodic checkpoints (the last `keep_last`, plus `last.ckpt`) and the best ones."""
     directory = run_dir / CHECKPOINT_DIR
-    periodic = ModelCheckpoint(
+    periodic = StepCheckpoint(
         dirpath=directory,
         filename="step{step:07d}",
         auto_insert_metric_name=False,
@@ -68,7 +94,7 @@ def checkpoint_callbacks(
     callbacks = [periodic]
     if keep_best:
         callbacks.append(
-            ModelCheckpoint(
+            StepCheckpoint(
                 dirpath=directory,
                 filename="best-step{step:07d}",
                 auto_insert_metric_name=False,
@@ -80,20 +106,17 @@ def checkpoint_callbacks(
     return callbacks
 
 
-def family_of(config: BertConfig | GPTConfig) -> str:
-    return "bert" if isinstance(config, BertConfig) else "gpt"
-
-
 def model_config_record(config: BertConfig | GPTConfig) -> dict[str, Any]:
-    return {"family": family_of(config), **dataclasses.asdict(config)}
+    return {"family": FAMILIES[type(config)][0], **dataclasses.asdict(config)}
 
 
 class CheckpointExtras(L.Callback):
     """Adds the tokenizer, resolved config and RNG states to every checkpoint, and restores the
     RNG states on resume (dropout then draws the same masks as in the uninterrupted run).
 
-    Only rank 0 writes checkpoints, so every rank resumes with rank 0's RNG state; ranks start
-    from the same seed and draw alike, so that is the state each of them had.
+    The RNG states of every rank are gathered into the checkpoint (a list indexed by rank), as
+    ranks draw different amounts (BERT batches differ in width), and each rank gets its own
+    back.
     """
 
     def __init__(self, tokenizer: Tokenizer, tokenizer_kind: str, config: dict[str, Any]):
@@ -104,15 +127,24 @@ class CheckpointExtras(L.Callback):
         checkpoint["model_config"] = model_config_record(pl_module.model_config)
         checkpoint["tokenizer"] = self.tokenizer
         checkpoint["config"] = self.config
-        checkpoint["rng"] = rng_states()
+        states = rng_states()
+        if trainer.world_size > 1:  # this hook runs on every rank; only rank 0 writes
+            gathered: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(gathered, states)
+            checkpoint["rng"] = gathered
+        else:
+            checkpoint["rng"] = [states]
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        if "rng" in checkpoint:
-            restore_rng_states(checkpoint["rng"])
+        saved = checkpoint.get("rng") or []
+        if trainer.global_rank < len(saved):
+            restore_rng_states(saved[trainer.global_rank])
+        else:
+            log.warning("the checkpoint has no RNG state for rank %d", trainer.global_rank)
 
 
 def rng_states() -> dict[str, Any]:
-    """The global RNG states, as plain data (tensors, lists, ints)."""
+    """This process's global RNG states (CUDA: its current device), as plain data."""
     numpy_state = np.random.get_state(legacy=False)
     version, python_state, gauss = random.getstate()
     states = {
@@ -125,8 +157,8 @@ def rng_states() -> dict[str, Any]:
         },
         "python": {"version": version, "state": list(python_state), "gauss": gauss},
     }
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
     return states
 
 
@@ -145,27 +177,26 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     python = states["python"]
     random.setstate((python["version"], tuple(python["state"]), python["gauss"]))
     if "cuda" in states and torch.cuda.is_available():
-        cuda = states["cuda"]
-        if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
+        torch.cuda.set_rng_state(states["cuda"])
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint of a run folder that loads, or None when it has none.
+    """The checkpoint of a run folder with the highest global step (of equals, a periodic one
+    or last.ckpt rather than a best-by-validation one, which is saved after validation), or
+    None when it has none.
 
     Files are atomic, so a file under a checkpoint name is complete unless damaged afterwards;
     a damaged one is skipped with a warning.
     """
-    directory = run_dir / CHECKPOINT_DIR
-    candidates = sorted(directory.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
-    for path in candidates:
+    ranked = []
+    for path in (run_dir / CHECKPOINT_DIR).glob("*.ckpt"):
         try:
-            read_checkpoint(path)
+            step = int(read_checkpoint(path).get("global_step", -1))
         except CheckpointLoadError as err:
             log.warning("skipping %s", err)
             continue
-        return path
-    return None
+        ranked.append((step, not path.name.startswith("best-"), path.stat().st_mtime, path))
+    return max(ranked)[-1] if ranked else None
 
 
 def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
@@ -215,17 +246,21 @@ def check_compatible(
             "the checkpoint has no model_config: it was not written by this pipeline's pretraining"
         )
     current = model_config_record(model_config)
+    differing = [key for key, value in current.items() if saved.get(key) != value]
     mismatched = [
-        f"model.{key}: checkpoint {saved.get(key)!r}, this run {value!r}"
-        for key, value in current.items()
-        if saved.get(key) != value
+        f"model.{key}: checkpoint {saved.get(key)!r}, this run {current[key]!r}"
+        for key in differing
     ]
     saved_tokenizer = checkpoint.get("tokenizer")
     if saved_tokenizer is not None and saved_tokenizer["json"] != tokenizer.to_str():
-        mismatched.append("tokenizer: the checkpoint was trained with a different tokenizer")
+        mismatched.append(
+            "tokenizer: the checkpoint was trained with a different tokenizer (its settings are "
+            "in the checkpoint's 'config' entry)"
+        )
     if mismatched:
+        fix = " ".join(f"model.{key}={saved.get(key)}" for key in differing if key != "family")
         raise CheckpointLoadError(
             "the checkpoint does not fit this run's config:\n  "
             + "\n  ".join(mismatched)
-            + "\nresume with the config it was trained with (its .hydra/config.yaml)"
+            + (f"\nresume with the settings it was trained with: {fix}" if fix else "")
         )

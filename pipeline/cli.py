@@ -24,9 +24,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from datamodules.batches import DataSetupError
 from datamodules.corpus import CorpusError
 from pipeline.config import ConfigError
 from pipeline.load import CheckpointLoadError
+from pipeline.modules import NonFiniteLossError
 from tokenizer import EmptyCorpusError, MissingSpecialTokensError, TokenizerLoadError
 
 log = logging.getLogger(__name__)
@@ -161,12 +163,14 @@ def _hydra_quote(text: str) -> str:
 
 USER_ERRORS = (
     CheckpointLoadError,
+    DataSetupError,
     ConfigError,
     CorpusError,
     EmptyCorpusError,
     MissingSpecialTokensError,
     TokenizerLoadError,
     MissingMandatoryValue,
+    NonFiniteLossError,
 )
 
 

@@ -142,6 +142,12 @@ def _check_trainer(trainer: DictConfig) -> None:
         raise ConfigError(
             f"trainer.accumulate_grad_batches must be >= 1, got {trainer.accumulate_grad_batches}"
         )
+    interval = trainer.val_check_interval
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        raise ConfigError(
+            f"trainer.val_check_interval must be a whole number of optimizer steps, got "
+            f"{interval!r}; e.g. trainer.val_check_interval=100"
+        )
     if isinstance(trainer.get("strategy"), DictConfig):  # a strategy factory (trainer=fsdp)
         build("trainer.strategy", trainer.strategy)
     precision = None if trainer.precision is None else str(trainer.precision)

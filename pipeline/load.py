@@ -12,7 +12,7 @@
 Checkpoints are read with `torch.load(weights_only=True)`, so a file cannot run code on load.
 
 Also here, shared by the inference commands (`make generate`, `make fill-mask`): the device and
-its autocast, and taking free text (a prompt) from the command line verbatim.
+its autocast, and required keys.
 """
 
 from __future__ import annotations

@@ -142,6 +142,11 @@ class PretrainModule(L.LightningModule):
         if self._totals is not None and self._totals[0] == self.global_step:
             return self._totals[1]
         names = sorted(k[len(STEP_TOTAL) :] for k in batch if k.startswith(STEP_TOTAL))
+        if not names:
+            raise ValueError(
+                "training batches carry no step totals (step_total_* keys): they must come from "
+                "datamodules.pretrain.PretrainDataModule, whose loader hands out whole steps"
+            )
         stacked = torch.stack([batch[STEP_TOTAL + n] for n in names]).to(self.device, torch.float64)
         if self.trainer.world_size > 1:
             torch.distributed.all_reduce(stacked)  # a sum, without Lightning's extra barrier
@@ -149,11 +154,37 @@ class PretrainModule(L.LightningModule):
         self._totals = (self.global_step, totals)
         return totals
 
+    def on_train_start(self) -> None:
+        self._totals = None
+        micro = getattr(self.trainer.datamodule, "micro_batches", None)
+        if micro is not None and micro != self.trainer.accumulate_grad_batches:
+            raise ValueError(
+                f"the datamodule groups {micro} micro-batches per step but the trainer "
+                f"accumulates {self.trainer.accumulate_grad_batches}; pass the same number "
+                "(pipeline.pretrain.assemble does)"
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["nonfinite_steps"] = {
+            "in_a_row": self.nonfinite_in_a_row,
+            "total": self.nonfinite_total,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        counts = checkpoint.get("nonfinite_steps", {})
+        self.nonfinite_in_a_row = counts.get("in_a_row", 0)
+        self.nonfinite_total = counts.get("total", 0)
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Called once per optimizer step, after the last micro-batch's backward (and after
         mixed-precision unscaling, before clipping): skip a non-finite step, log the step."""
         norm = self._gradient_norm()
-        finite = torch.isfinite(norm)
+        # With a loss scaler (16-mixed), overflowing gradients are routine: the scaler skips
+        # that step and lowers the scale itself. Only a non-finite loss counts then.
+        scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
+        finite = (
+            torch.ones((), dtype=torch.bool, device=norm.device) if scaled else torch.isfinite(norm)
+        )
         if self._losses_finite is not None:
             finite = finite & self._losses_finite
         self._losses_finite = None
@@ -167,6 +198,7 @@ class PretrainModule(L.LightningModule):
             self._count_nonfinite("loss or gradient norm is not finite")
             return
         self.nonfinite_in_a_row = 0
+        self.log("train/skipped_steps", float(self.nonfinite_total))
         self._log_metrics("train", self.train_metrics)
         self.log("train/grad_norm", norm)
         self.log("train/lr", optimizer.param_groups[0]["lr"], prog_bar=True)
@@ -188,10 +220,11 @@ class PretrainModule(L.LightningModule):
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if not grads:
             return torch.zeros((), device=self.device)
-        squares = torch.stack([torch.linalg.vector_norm(g.float()) ** 2 for g in grads]).sum()
         if isinstance(self.trainer.strategy, FSDPStrategy):
-            squares = self.trainer.strategy.reduce(squares, reduce_op="sum")
-        return squares.sqrt()
+            # FSDP knows which gradients are sharded, replicated (NO_SHARD, HYBRID_SHARD) or
+            # offloaded; an infinite max norm measures without clipping.
+            return self.trainer.strategy.model.clip_grad_norm_(float("inf"))
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
     def _count_nonfinite(self, why: str) -> None:
         self.nonfinite_in_a_row += 1

@@ -56,9 +56,8 @@ def model_vocab_size(tokenizer_vocab: int, family: str) -> int:
 
 def build_trainer(cfg: DictConfig, run_dir: Path, extras: L.Callback) -> L.Trainer:
     accumulate = cfg.trainer.accumulate_grad_batches
-    val_every = cfg.trainer.val_check_interval
-    if isinstance(val_every, int):  # optimizer steps -> the micro-batches Lightning counts
-        val_every *= accumulate
+    # optimizer steps -> the micro-batches Lightning counts
+    val_every = cfg.trainer.val_check_interval * accumulate
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     return instantiate(
         cfg.trainer,

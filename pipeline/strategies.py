@@ -20,7 +20,9 @@ from models.gpt import GPTBlock
 TRANSFORMER_BLOCKS: frozenset[type[nn.Module]] = frozenset({BertLayer, GPTBlock})
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
-STATE_DICT_TYPES = ("full", "sharded")
+# "sharded" (one file per rank, for models too big to gather on one host) is not offered yet:
+# resume and the Hugging Face export read single-file checkpoints.
+STATE_DICT_TYPES = ("full",)
 
 
 def _choice(
@@ -56,10 +58,8 @@ def fsdp_strategy(
         cpu_offload: keep the sharded parameters and their gradients in CPU memory and run the
             optimizer step there; for models that do not fit otherwise, at a large cost in speed.
         state_dict_type: "full" gathers the whole model and optimizer state on rank 0 into one
-            checkpoint file (what resume and the Hugging Face export read); "sharded" has every
-            rank write its own shard into a checkpoint folder, for models too big for one host's
-            memory (not read by the HF export; written by torch.distributed.checkpoint, not by
-            our atomic checkpoint writer).
+            checkpoint file (what resume and the Hugging Face export read); the only choice for
+            now (see STATE_DICT_TYPES).
         limit_all_gathers: rate-limit the all-gathers FSDP issues ahead of compute, so a CPU
             thread running ahead cannot pile up unsharded blocks in GPU memory.
 
@@ -80,8 +80,9 @@ def fsdp_strategy(
       and optimizer states are half precision throughout.
     - "32-true": fp32 throughout.
 
-    Lightning's FSDP precision plugin cannot clip gradients by norm (it raises), which is why
-    `conf/trainer/fsdp.yaml` sets `gradient_clip_val: null`.
+    Lightning's FSDP precision plugin cannot clip gradients by norm (it raises), so
+    `pipeline.modules.PretrainModule.configure_gradient_clipping` calls FSDP's own
+    `clip_grad_norm_`, which takes the norm over all shards.
 
     Raises:
         ValueError: `sharding_strategy` or `state_dict_type` is not one of the allowed values.

@@ -36,6 +36,7 @@ from tests.conftest import compose_pretrain
         (["optim.betas=[0.9,1.5]"], r"optim\.betas\[1\]"),
         (["data=text_files"], r"required config value\(s\) not set: data\.paths"),
         (["data=text_files", "data.paths=/nonexistent/*.txt"], r"matches no file"),
+        (["trainer.val_check_interval=0.5"], r"val_check_interval must be a whole number"),
         (["checkpoint.keep_last=0"], r"checkpoint\.keep_last must be an integer >= 1, got 0"),
         (["module.max_nonfinite_steps=0"], r"module\.max_nonfinite_steps must be an integer"),
         (["trainer=fsdp", "trainer.strategy.sharding_strategy=zero3"], r"zero3.*FULL_SHARD"),

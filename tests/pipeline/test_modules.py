@@ -17,6 +17,7 @@ import torch
 from tokenizers import Tokenizer
 
 from pipeline.config import check_config
+from pipeline.modules import NonFiniteLossError
 from pipeline.pretrain import assemble
 from tests.conftest import ListCorpus, compose_pretrain
 from tokenizer import batched, load_tokenizer, train_tokenizer
@@ -191,3 +192,43 @@ def test_golden_losses_of_a_seeded_tiny_run(tmp_path, small_docs, model):
     losses = logged(tmp_path / "run", "train/loss")
     assert len(losses) == 10
     assert losses == pytest.approx(GOLDEN[model], rel=1e-4), f"new values: {losses}"
+
+
+def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, small_docs):
+    module, datamodule, trainer = tiny_run(
+        tmp_path, small_docs, "model=gpt-tiny", "objective.batch_size=4", "trainer.max_steps=4"
+    )
+    losses = module.losses
+    poisoned = {1}  # optimizer steps whose loss is NaN
+    weights: dict[int, torch.Tensor] = {}
+
+    def losses_with_nan(batch):
+        weights[module.global_step] = module.model.model.layers[0].mlp.w2.weight.detach().clone()
+        results = losses(batch)
+        if module.global_step in poisoned:
+            mean, count = results["loss"]
+            results["loss"] = (mean * float("nan"), count)
+        return results
+
+    module.losses = losses_with_nan
+    trainer.fit(module, datamodule=datamodule)
+    assert torch.equal(weights[1], weights[2])  # the NaN step changed nothing
+    assert not torch.equal(weights[0], weights[1])  # the others did
+    assert module.nonfinite_total == 1
+    assert logged(tmp_path / "run", "train/skipped_steps") == [0.0, 1.0, 1.0, 1.0]
+
+    module, datamodule, trainer = tiny_run(
+        tmp_path / "again",
+        small_docs,
+        "model=gpt-tiny",
+        "objective.batch_size=4",
+        "trainer.max_steps=10",
+        "module.max_nonfinite_steps=3",
+    )
+    losses = module.losses
+    module.losses = lambda batch: {
+        name: (value * float("nan"), n) for name, (value, n) in losses(batch).items()
+    }
+    with pytest.raises(NonFiniteLossError, match="3 steps in a row"):
+        trainer.fit(module, datamodule=datamodule)
+    assert module.global_step == 2  # stopped at the third skipped step

@@ -23,17 +23,17 @@ from pipeline.load import CheckpointLoadError
 from tests.conftest import CLI_ENV, REPO, ListCorpus, pretrain_command, run_pretrain
 from tokenizer import TokenizerSpec, get_tokenizer
 
-# bert-tiny has dropout, so the RNG state must be restored too; 40 steps with a checkpoint
-# every 5 leave time to kill the process mid-run.
+# bert-tiny has dropout, so the RNG state must be restored too; 40 optimizer steps with a
+# checkpoint every 5 leave time to kill the process mid-run.
 RUN = (
     "model=bert-tiny",
     "objective.batch_size=8",
-    "trainer.max_steps=40",
     "trainer.val_check_interval=20",
     "trainer.limit_val_batches=2",
     "trainer.log_every_n_steps=1",
     "checkpoint.every_n_steps=5",
 )
+STEPS = 40
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
@@ -54,15 +54,25 @@ def wait_for_checkpoint(process: subprocess.Popen, directory: Path, step: int) -
         time.sleep(0.02)
 
 
-def test_killed_run_resumes_exactly(tmp_path):
-    reference = run_pretrain(tmp_path, *RUN, "run_name=reference")
+@pytest.mark.parametrize("micro_batches", [1, 2], ids=["plain", "accumulating"])
+def test_killed_run_resumes_exactly(tmp_path, micro_batches):
+    run = (*RUN, f"trainer.accumulate_grad_batches={micro_batches}", f"trainer.max_steps={STEPS}")
+    reference = run_pretrain(tmp_path, *run, "run_name=reference")
     assert reference.returncode == 0, reference.stderr[-3000:]
     expected = train_losses(tmp_path / "out/bert-tiny/reference")
-    assert sorted(expected) == list(range(40))
+    assert sorted(expected) == list(range(STEPS))
+    kept = sorted(p.name for p in (tmp_path / "out/bert-tiny/reference/checkpoints").iterdir())
+    # the last 2 periodic ones, last.ckpt, and the 1 best by validation loss (step 20 or 40)
+    assert [k for k in kept if not k.startswith("best-")] == [
+        "last.ckpt",
+        "step0000035.ckpt",
+        "step0000040.ckpt",
+    ]
+    assert len([k for k in kept if k.startswith("best-")]) == 1
 
     run_dir = tmp_path / "out/bert-tiny/killed"
     process = subprocess.Popen(
-        pretrain_command(tmp_path, *RUN, "run_name=killed"),
+        pretrain_command(tmp_path, *run, "run_name=killed"),
         cwd=REPO,
         env=CLI_ENV,
         stdout=subprocess.DEVNULL,
@@ -74,17 +84,21 @@ def test_killed_run_resumes_exactly(tmp_path):
     process.wait()
     assert process.returncode == -signal.SIGKILL  # killed mid-run, not finished
 
-    resumed = run_pretrain(tmp_path, *RUN, "run_name=killed", "resume=auto")
+    before = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    resumed = run_pretrain(tmp_path, *run, "run_name=killed", "resume=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout
     start = torch.load(resumed.stdout.split("resuming from ")[1].split()[0], weights_only=True)[
         "global_step"
     ]
-    assert 10 <= start < 40
+    assert 10 <= start < STEPS and start % 5 == 0
+    # Only whole steps are saved: nothing new right after resuming (e.g. mid-step).
+    new = {p.name for p in (run_dir / "checkpoints").iterdir()} - before
+    assert f"step{start:07d}-v1.ckpt" not in new
 
     got = train_losses(run_dir)
-    assert sorted(s for s in got if s >= start) == list(range(start, 40))
-    for step in range(start, 40):  # CPU kernels here are deterministic: equal, not close
+    assert sorted(s for s in got if s >= start) == list(range(start, STEPS))
+    for step in range(start, STEPS):  # CPU kernels here are deterministic: equal, not close
         assert got[step] == expected[step], (step, got[step], expected[step])
 
     final = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
@@ -109,11 +123,30 @@ def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_na
     assert "model.d_ff: checkpoint 512, this run 256" in wider.stderr
 
 
+def test_final_checkpoint_is_written_when_steps_are_not_a_multiple_of_the_interval(tmp_path):
+    result = run_pretrain(
+        tmp_path,
+        "model=gpt-tiny",
+        "debug=smoke",
+        "trainer.max_steps=7",
+        "run_name=odd",
+        "checkpoint.every_n_steps=5",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    directory = tmp_path / "out/gpt-tiny/odd/checkpoints"
+    assert torch.load(directory / "last.ckpt", weights_only=True)["global_step"] == 7
+    assert (directory / "step0000007.ckpt").is_file()
+
+
 def test_newest_checkpoint_skips_a_damaged_file(tmp_path):
     directory = tmp_path / "checkpoints"
     directory.mkdir()
     good = directory / "step0000005.ckpt"
     torch.save({"state_dict": {}, "global_step": 5}, good)
+    best = directory / "best-step0000005.ckpt"  # saved later, after validation, same step
+    torch.save({"state_dict": {}, "global_step": 5}, best)
+    older = directory / "step0000003.ckpt"  # written last (e.g. copied), but an older step
+    torch.save({"state_dict": {}, "global_step": 3}, older)
     damaged = directory / "step0000010.ckpt"
     damaged.write_bytes(b"not a checkpoint")
     assert newest_checkpoint(tmp_path) == good
