@@ -8,8 +8,8 @@ import torch
 from pipeline.config import ConfigError
 from pipeline.fill_mask import best_filling, fill_mask, format_guesses, mask_probabilities
 from pipeline.load import CheckpointLoadError, load_pretrained
-from tests.pipeline.checkpoints import write_run
 from tests.pipeline.test_generate import run_cli
+from tests.pipeline.tiny_models import write_run
 
 CPU = torch.device("cpu")
 TEXT = "The [MASK] module is imported, and it's [MASK] once."

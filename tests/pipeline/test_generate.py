@@ -15,7 +15,7 @@ from pipeline.config import ConfigError
 from pipeline.generate import Sampling, continue_ids, generate, prompt_ids
 from pipeline.load import load_pretrained, require_keys
 from tests.conftest import CONF, REPO
-from tests.pipeline.checkpoints import write_run
+from tests.pipeline.tiny_models import write_run
 from tokenizer.special import EOT
 
 CPU = torch.device("cpu")

@@ -18,7 +18,7 @@ from pipeline.load import (
     load_pretrained,
     resolve_device,
 )
-from tests.pipeline.checkpoints import checkpoint_dict, tiny_model, trained_tokenizer, write_run
+from tests.pipeline.tiny_models import checkpoint_dict, tiny_model, trained_tokenizer, write_run
 
 
 def logits(model, ids: torch.Tensor) -> torch.Tensor:
