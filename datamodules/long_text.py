@@ -1,0 +1,191 @@
+"""Long documents for classification: sliding-window chunks, truncation baselines, and the
+aggregation of chunk predictions back to one prediction per document.
+
+Shapes: N chunks (over all documents of a batch or split), C classes, M documents.
+
+Token ids here are content tokens, without [CLS]/[SEP] (encode with `add_special_tokens=False`);
+`chunk_document` adds them around every chunk, so a model with a window of T positions takes
+`window = T - 2`.
+
+Sliding windows (`chunk_spans`): a chunk starts every `stride` tokens, each chunk holds `window`
+tokens, so consecutive chunks share `window - stride` tokens. Rather than ending on a short chunk,
+the last chunk is moved left to end exactly at the document's end: every chunk is full, and only
+that last one may overlap its predecessor by more than `window - stride`.
+
+Truncation baselines (`truncate`): keep the head, or head+tail as in Sun et al. 2019 ("How to
+fine-tune BERT for text classification?": the first 128 and last 382 tokens beat head-only on
+IMDB).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+
+__all__ = [
+    "aggregate_chunk_logits",
+    "chunk_document",
+    "chunk_spans",
+    "sample_chunks",
+    "truncate",
+]
+
+
+def chunk_spans(num_tokens: int, window: int, stride: int) -> list[tuple[int, int]]:
+    """Half-open `[start, end)` spans of content tokens that cover a document of `num_tokens`.
+
+    Chunk i (all but the last) spans `[i * stride, i * stride + window)`; they are emitted while
+    they end before the document does (`i * stride + window < num_tokens`). The final chunk is
+    then `[num_tokens - window, num_tokens)`: full length and ending exactly at the end. Its
+    overlap with the previous chunk is `window - stride` when `num_tokens - window` is a
+    multiple of `stride` (it is then the regular next chunk), and otherwise between
+    `window - stride + 1` and `window - 1` tokens.
+
+    A document of at most `window` tokens (including an empty one) gives the single span
+    `(0, num_tokens)`.
+
+    Args:
+        num_tokens: length of the document in content tokens.
+        window: tokens per chunk, excluding [CLS]/[SEP].
+        stride: step between chunk starts, 1 <= stride <= window (stride == window: no overlap).
+
+    Raises:
+        ValueError: a negative `num_tokens`, `window < 1`, or a stride outside [1, window]
+            (a stride above the window would skip tokens).
+    """
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1 token, got {window}")
+    if not 1 <= stride <= window:
+        raise ValueError(
+            f"stride must be in [1, window={window}] so that chunks overlap or touch, got "
+            f"stride={stride}; overlap = window - stride"
+        )
+    if num_tokens <= window:
+        return [(0, num_tokens)]
+    last_start = num_tokens - window
+    return [(s, s + window) for s in range(0, last_start, stride)] + [(last_start, num_tokens)]
+
+
+def _as_list(token_ids: Sequence[int] | np.ndarray) -> list[int]:
+    return token_ids.tolist() if isinstance(token_ids, np.ndarray) else [int(t) for t in token_ids]
+
+
+def chunk_document(
+    token_ids: Sequence[int] | np.ndarray, cls_id: int, sep_id: int, window: int, stride: int
+) -> list[list[int]]:
+    """The chunks of one document, each `[CLS] chunk [SEP]` (at most `window + 2` ids).
+
+    Args:
+        token_ids: the document's content tokens, without special tokens.
+        cls_id, sep_id: ids of [CLS] and [SEP] (`tokenizer.special.special_ids`).
+        window, stride: as in `chunk_spans`.
+
+    Raises:
+        ValueError: the ids already contain [CLS] or [SEP] (encode without special tokens), or
+            bad `window`/`stride` (see `chunk_spans`).
+    """
+    ids = _as_list(token_ids)
+    if cls_id in ids or sep_id in ids:
+        raise ValueError(
+            "token_ids already contain [CLS] or [SEP]; encode documents with "
+            "add_special_tokens=False, chunk_document adds them to every chunk"
+        )
+    return [
+        [cls_id, *ids[start:end], sep_id] for start, end in chunk_spans(len(ids), window, stride)
+    ]
+
+
+def truncate(
+    token_ids: Sequence[int] | np.ndarray,
+    max_content: int,
+    mode: Literal["head", "head_tail"] = "head",
+    head: int = 128,
+) -> list[int]:
+    """Cut a document to at most `max_content` tokens (the single-chunk baselines).
+
+    Args:
+        token_ids: content tokens, without special tokens.
+        max_content: tokens kept (510 for a 512-position model with [CLS]/[SEP]).
+        mode: "head" keeps the first `max_content` tokens; "head_tail" keeps the first `head`
+            and the last `max_content - head` (Sun et al. 2019: 128 + 382).
+        head: tokens kept from the start in "head_tail" mode, 0 <= head <= max_content.
+
+    Returns:
+        The kept tokens in document order; documents within the budget come back whole.
+    """
+    if max_content < 1:
+        raise ValueError(f"max_content must be >= 1, got {max_content}")
+    if mode not in ("head", "head_tail"):
+        raise ValueError(f"truncation mode must be 'head' or 'head_tail', got {mode!r}")
+    if mode == "head_tail" and not 0 <= head <= max_content:
+        raise ValueError(f"head must be in [0, max_content={max_content}], got head={head}")
+    ids = _as_list(token_ids)
+    if len(ids) <= max_content:
+        return ids
+    if mode == "head":
+        return ids[:max_content]
+    tail = max_content - head
+    return ids[:head] + ids[len(ids) - tail :]  # not ids[-tail:], which is everything at tail=0
+
+
+def sample_chunks(n_chunks: int, k: int, rng: np.random.Generator) -> list[int]:
+    """Indices of `k` distinct chunks of a document, in document order, to train on this epoch.
+
+    A document with at most `k` chunks uses them all. Seed `rng` with the epoch (and document)
+    so that each epoch sees another subset and a resumed run the same one.
+
+    Raises:
+        ValueError: `n_chunks < 1` or `k < 1`.
+    """
+    if n_chunks < 1:
+        raise ValueError(f"a document has at least one chunk, got n_chunks={n_chunks}")
+    if k < 1:
+        raise ValueError(f"k (chunks per document) must be >= 1, got {k}")
+    if n_chunks <= k:
+        return list(range(n_chunks))
+    return sorted(rng.choice(n_chunks, size=k, replace=False).tolist())
+
+
+def aggregate_chunk_logits(
+    logits_NC: torch.Tensor,
+    doc_index_N: torch.Tensor,
+    num_docs: int,
+    how: Literal["mean", "max"] = "mean",
+) -> torch.Tensor:
+    """One row of scores per document from the scores of its chunks.
+
+    Args:
+        logits_NC: chunk logits (N, C), or regression outputs (N, 1).
+        doc_index_N: (N,) integer document of each chunk, in [0, num_docs); any order.
+        num_docs: M. Every document must have at least one chunk.
+        how: "mean" averages the logits of a document's chunks; "max" takes the per-class
+            maximum (a class wins if any chunk is confident about it).
+
+    Returns:
+        (M, C) document logits, differentiable with respect to `logits_NC`.
+
+    Raises:
+        ValueError: mismatched shapes, an index out of range, a document without chunks, or an
+            unknown `how`.
+    """
+    reduce = {"mean": "mean", "max": "amax"}.get(how)
+    if reduce is None:
+        raise ValueError(f"aggregation must be 'mean' or 'max', got {how!r}")
+    if logits_NC.ndim != 2 or doc_index_N.shape != logits_NC.shape[:1]:
+        raise ValueError(
+            f"expected logits (N, C) and doc_index (N,), got {tuple(logits_NC.shape)} and "
+            f"{tuple(doc_index_N.shape)}"
+        )
+    doc_index_N = doc_index_N.long()
+    if doc_index_N.numel() and (doc_index_N.min() < 0 or doc_index_N.max() >= num_docs):
+        raise ValueError(f"doc_index values must be in [0, num_docs={num_docs})")
+    if bool((torch.bincount(doc_index_N, minlength=num_docs) == 0).any()):
+        raise ValueError("every document needs at least one chunk; some index has none")
+    out_MC = logits_NC.new_zeros(num_docs, logits_NC.shape[1])
+    index_NC = doc_index_N.unsqueeze(1).expand_as(logits_NC)
+    return out_MC.scatter_reduce(0, index_NC, logits_NC, reduce=reduce, include_self=False)
