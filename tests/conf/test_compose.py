@@ -17,7 +17,9 @@ from models.config import BertConfig, GPTConfig
 from pipeline.config import check_config
 from tests.conftest import CONF, compose_pretrain
 
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+# conf/task/ belongs to fine-tuning, not to pretrain.yaml; tests/datamodules/test_tasks.py
+# instantiates every task config.
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "task")
 FILE_DATA = {"text_files", "jsonl", "parquet", "wikitext2"}
 GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine"}
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))]

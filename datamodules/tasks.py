@@ -1,0 +1,441 @@
+"""Fine-tuning task definitions (`conf/task/*.yaml`) and reading their labelled examples.
+
+A task is one `TaskSpec`: where its files are, how to read them (TSV, CSV or JSON Lines), which
+column(s) hold the text (one for single-sentence tasks, two for sentence pairs), which the label,
+whether the label is a class or a number (regression), and which metrics score it.
+
+    spec = TaskSpec(name="rte", data_dir="glue/RTE", text_columns=["sentence1", "sentence2"],
+                    label_column="label", labels=["entailment", "not_entailment"])
+    train = read_examples(spec, "train")          # list[Example]
+    label_map = build_label_map(spec, train)      # class names <-> ids, saved with the model
+    save_labels(run_dir / "labels.json", label_map)
+
+TSV files are read without quote handling (`csv.QUOTE_NONE`): the GLUE TSVs hold unbalanced `"`
+inside texts, which a quote-aware reader would merge into one giant field. CSV files use the
+standard CSV quoting. A UTF-8 byte order mark (MRPC has one) is dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+KINDS = ("classification", "regression")
+FORMATS = ("tsv", "csv", "jsonl")
+CLASSIFICATION_METRICS = ("accuracy", "f1", "matthews")
+REGRESSION_METRICS = ("pearson", "spearman")
+_SUFFIX_FORMAT = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
+
+Column = str | int
+
+
+class TaskDataError(ValueError):
+    """Bad task data or task settings: the message names the file (and line) and the fix."""
+
+
+@dataclass
+class TaskSpec:
+    """A fine-tuning task: its files, columns, labels and metrics.
+
+    Attributes:
+        name: short task name (`cola`, `sst2`, ..., or a custom one); names the run's results.
+        data_dir: folder holding the files.
+        text_columns: one column (single-sentence task) or two (sentence-pair task) holding the
+            texts: header names, or 0-based field indices (required when `has_header` is false).
+        label_column: the column holding the label (a name or an index).
+        kind: "classification" (labels are class names) or "regression" (labels are numbers).
+        files: file name per split, e.g. `{train: train.tsv, dev: dev.tsv}`.
+        train_split: which of `files` is trained on (and collects labels when `labels` is null).
+        eval_splits: splits evaluated, in order, each reported separately; null means every split
+            in `files` except `train_split` (MNLI: dev_matched then dev_mismatched).
+        format: "tsv", "csv" or "jsonl"; null infers it from each file's suffix.
+        has_header: whether TSV/CSV files start with a header line (ignored for JSON Lines).
+        labels: the class names in id order; null collects the sorted distinct labels of the
+            training file. Must be null for regression.
+        id_column: a column with example ids (kept with predictions); null uses the row number.
+        metrics: metric names reported: accuracy, f1, matthews (classification), pearson,
+            spearman (regression).
+        main_metric: the metric that selects the best checkpoint; one of `metrics`.
+        skip_bad_rows: drop rows with the wrong number of fields (logged) instead of failing.
+    """
+
+    name: str
+    data_dir: str
+    text_columns: list[Column]
+    label_column: Column
+    kind: str = "classification"
+    files: dict[str, str] = field(default_factory=lambda: {"train": "train.tsv", "dev": "dev.tsv"})
+    train_split: str = "train"
+    eval_splits: list[str] | None = None
+    format: str | None = None
+    has_header: bool = True
+    labels: list[str] | None = None
+    id_column: Column | None = None
+    metrics: list[str] = field(default_factory=lambda: ["accuracy"])
+    main_metric: str = "accuracy"
+    skip_bad_rows: bool = False
+
+    def __post_init__(self) -> None:
+        # Hydra hands over ListConfig/DictConfig; keep plain containers from here on.
+        self.text_columns = list(self.text_columns)
+        self.files = {str(k): str(v) for k, v in dict(self.files).items()}
+        self.metrics = [str(m) for m in self.metrics]
+        if self.labels is not None:
+            self.labels = [_label_text(v) for v in self.labels]
+        self.eval_splits = (
+            [s for s in self.files if s != self.train_split]
+            if self.eval_splits is None
+            else [str(s) for s in self.eval_splits]
+        )
+        self._validate()
+
+    def _validate(self) -> None:
+        where = f"task {self.name!r}"
+        if self.kind not in KINDS:
+            raise TaskDataError(f"{where}: task.kind={self.kind!r} is not one of {list(KINDS)}")
+        if not 1 <= len(self.text_columns) <= 2:
+            raise TaskDataError(
+                f"{where}: task.text_columns={self.text_columns} must name one column (single "
+                "sentence) or two (sentence pair)"
+            )
+        if self.format is not None and self.format not in FORMATS:
+            raise TaskDataError(f"{where}: task.format={self.format!r} is not one of {FORMATS}")
+        if not self.has_header:
+            named = [
+                c for c in [*self.text_columns, self.label_column, self.id_column] if _is_name(c)
+            ]
+            if named:
+                raise TaskDataError(
+                    f"{where}: task.has_header=false, so columns must be 0-based field indices, "
+                    f"got names {named}"
+                )
+        unknown = [s for s in self.eval_splits if s not in self.files]
+        if unknown:
+            raise TaskDataError(
+                f"{where}: task.eval_splits {unknown} are not in task.files {list(self.files)}"
+            )
+        allowed = REGRESSION_METRICS if self.is_regression else CLASSIFICATION_METRICS
+        bad = [m for m in self.metrics if m not in allowed]
+        if bad or not self.metrics:
+            raise TaskDataError(
+                f"{where}: task.metrics={self.metrics} must be a non-empty subset of "
+                f"{list(allowed)} for a {self.kind} task"
+            )
+        if self.main_metric not in self.metrics:
+            raise TaskDataError(
+                f"{where}: task.main_metric={self.main_metric!r} is not in task.metrics "
+                f"{self.metrics}"
+            )
+        if self.is_regression and self.labels is not None:
+            raise TaskDataError(
+                f"{where}: a regression task has no class labels; set task.labels=null"
+            )
+        if self.labels is not None and (
+            len(self.labels) < 2 or len(set(self.labels)) != len(self.labels)
+        ):
+            raise TaskDataError(
+                f"{where}: task.labels={self.labels} must list at least two distinct classes, "
+                "or be null to collect them from the training file"
+            )
+        if "f1" in self.metrics and self.labels is not None and len(self.labels) != 2:
+            raise TaskDataError(
+                f"{where}: f1 is the binary F1 of the second label; it needs exactly two "
+                f"labels, got {self.labels}"
+            )
+
+    @property
+    def is_pair(self) -> bool:
+        return len(self.text_columns) == 2
+
+    @property
+    def is_regression(self) -> bool:
+        return self.kind == "regression"
+
+    def path(self, split: str) -> Path:
+        """The file of `split`."""
+        if split not in self.files:
+            raise TaskDataError(
+                f"task {self.name!r} has no split {split!r}; its splits are {list(self.files)}"
+            )
+        return Path(os.path.expanduser(self.data_dir)) / self.files[split]
+
+    def file_format(self, split: str) -> str:
+        if self.format is not None:
+            return self.format
+        path = self.path(split)
+        fmt = _SUFFIX_FORMAT.get(path.suffix.lower())
+        if fmt is None:
+            raise TaskDataError(
+                f"{path}: cannot infer the format from the suffix {path.suffix!r}; set "
+                f"task.format to one of {list(FORMATS)}"
+            )
+        return fmt
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled example: its text(s), its label (class name, number, or None) and id."""
+
+    texts: tuple[str, ...]
+    label: str | float | None
+    id: str
+
+
+def read_examples(
+    spec: TaskSpec,
+    split: str,
+    *,
+    labels: Sequence[str] | None = None,
+    limit: int | None = None,
+) -> list[Example]:
+    """Read the examples of one split.
+
+    Args:
+        spec: the task.
+        split: a key of `spec.files`.
+        labels: the allowed class names (default `spec.labels`; None accepts any).
+        limit: read at most this many examples (the first ones).
+
+    Raises:
+        TaskDataError: a missing file or column, a row with the wrong number of fields, a
+            label outside `labels`, or a regression target that is not a number; the message
+            names the file and line.
+    """
+    path = spec.path(split)
+    if not path.is_file():
+        raise TaskDataError(
+            f"task {spec.name!r}: the {split} file {path} does not exist; set task.data_dir "
+            f"(now {spec.data_dir!r}, relative to {os.getcwd()}) or task.files.{split}"
+        )
+    known = spec.labels if labels is None else labels
+    allowed = None if spec.is_regression or known is None else set(known)
+    examples: list[Example] = []
+    for line, record in _records(spec, path, spec.file_format(split)):
+        if limit is not None and len(examples) >= limit:
+            break
+        texts = tuple(_text(record.get(c)) for c in spec.text_columns)
+        raw = record.get(spec.label_column)
+        label = _parse_label(spec, raw, allowed, f"{path}:{line}")
+        ident = record.get(spec.id_column) if spec.id_column is not None else None
+        examples.append(Example(texts, label, str(ident if ident is not None else len(examples))))
+    return examples
+
+
+def _records(spec: TaskSpec, path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, {column: value}) per row; columns are names and/or indices."""
+    if fmt == "jsonl":
+        yield from _json_records(spec, path)
+        return
+    wanted = [*spec.text_columns, spec.label_column]
+    if spec.id_column is not None:
+        wanted.append(spec.id_column)
+    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {}
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        reader = csv.reader(handle, **dialect)
+        header = next(reader, None) if spec.has_header else None
+        if spec.has_header and header is None:
+            raise TaskDataError(f"{path}: the file is empty; expected a header line")
+        index = _column_index(path, header, wanted)
+        expected = len(header) if header is not None else None
+        skipped = 0
+        try:
+            for row in reader:
+                if not row:  # a blank line
+                    continue
+                if expected is None:  # no header: the first row sets the field count
+                    expected = len(row)
+                    _check_indices(path, reader.line_num, expected, wanted)
+                if len(row) != expected:
+                    if spec.skip_bad_rows:
+                        skipped += 1
+                        continue
+                    raise TaskDataError(
+                        f"{path}:{reader.line_num}: {len(row)} fields, expected {expected} "
+                        f"({'as in the header' if header else 'as in the first row'}); fix the "
+                        "line (a tab or line break inside a text?), or set "
+                        "task.skip_bad_rows=true to drop such rows"
+                    )
+                yield reader.line_num, {c: row[index[c]] for c in wanted}
+        except csv.Error as err:
+            raise TaskDataError(
+                f"{path}:{reader.line_num}: unreadable {fmt.upper()} ({err}); check "
+                "task.format and the file's quoting"
+            ) from None
+        if skipped:
+            log.warning("%s: skipped %d rows with a wrong number of fields", path, skipped)
+
+
+def _column_index(path: Path, header: list[str] | None, wanted: list[Column]) -> dict:
+    if header is None:
+        return {c: c for c in wanted}
+    index = {}
+    for column in wanted:
+        if _is_name(column):
+            if column not in header:
+                raise TaskDataError(
+                    f"{path}:1: column {column!r} is not in the header {header}; set the task's "
+                    "text_columns/label_column/id_column to header names (or field indices)"
+                )
+            index[column] = header.index(column)
+        else:
+            _check_indices(path, 1, len(header), [column])
+            index[column] = column
+    return index
+
+
+def _check_indices(path: Path, line: int, fields: int, wanted: list[Column]) -> None:
+    for column in wanted:
+        if not 0 <= int(column) < fields:
+            raise TaskDataError(
+                f"{path}:{line}: column index {column} is out of range, the row has {fields} "
+                "fields (0-based indices); fix the task's column settings"
+            )
+
+
+def _json_records(spec: TaskSpec, path: Path) -> Iterator[tuple[int, dict]]:
+    wanted = [*spec.text_columns, spec.label_column]
+    if spec.id_column is not None:
+        wanted.append(spec.id_column)
+    with open(path, encoding="utf-8-sig") as handle:
+        for line, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise TaskDataError(
+                    f"{path}:{line}: not valid JSON ({err.msg}); each line must hold one JSON "
+                    "object"
+                ) from None
+            if not isinstance(record, dict):
+                raise TaskDataError(f"{path}:{line}: expected a JSON object, got {text.strip()!r}")
+            missing = [c for c in wanted if str(c) not in record]
+            if missing:
+                raise TaskDataError(
+                    f"{path}:{line}: field(s) {missing} missing (the record has {list(record)}); "
+                    "set the task's text_columns/label_column/id_column to field names"
+                )
+            yield line, {c: record[str(c)] for c in wanted}
+
+
+def _parse_label(
+    spec: TaskSpec, raw: object, allowed: set[str] | None, where: str
+) -> str | float | None:
+    if spec.is_regression:
+        try:
+            value = float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            value = math.nan
+        if not math.isfinite(value):
+            raise TaskDataError(
+                f"{where}: regression target {raw!r} (column {spec.label_column!r}) is not a "
+                "finite number; fix the row, or set task.kind=classification if the column "
+                "holds class names"
+            )
+        return value
+    label = _label_text(raw)
+    if allowed is not None and label not in allowed:
+        raise TaskDataError(
+            f"{where}: label {label!r} (column {spec.label_column!r}) is not one of "
+            f"{sorted(allowed)}; fix the row, add it to task.labels, or set task.labels=null "
+            "to collect the labels from the training file"
+        )
+    return label
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value).strip()
+
+
+def _label_text(value: object) -> str:
+    """Class names are strings; JSON numbers/booleans and YAML ints map to their text."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value).strip()
+
+
+def _is_name(column: object) -> bool:
+    return isinstance(column, str)
+
+
+# --- label mapping -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LabelMap:
+    """Class names <-> ids of a task (regression tasks have none and one output)."""
+
+    kind: str
+    labels: tuple[str, ...] = ()
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.kind == "regression" else len(self.labels)
+
+    @property
+    def label_to_id(self) -> dict[str, int]:
+        return {label: i for i, label in enumerate(self.labels)}
+
+    @property
+    def id_to_label(self) -> dict[int, str]:
+        return dict(enumerate(self.labels))
+
+
+def collect_labels(examples: Sequence[Example]) -> list[str]:
+    """The distinct labels, sorted (numerically when all are integers, so "2" < "10")."""
+    distinct = {str(e.label) for e in examples if e.label is not None}
+
+    def key(label: str) -> tuple:
+        try:
+            return (0, int(label), "")
+        except ValueError:
+            return (1, 0, label)
+
+    return sorted(distinct, key=key)
+
+
+def build_label_map(spec: TaskSpec, train_examples: Sequence[Example] | None = None) -> LabelMap:
+    """The task's label map: `spec.labels`, or the labels collected from `train_examples`."""
+    if spec.is_regression:
+        return LabelMap("regression")
+    if spec.labels is not None:
+        return LabelMap("classification", tuple(spec.labels))
+    if train_examples is None:
+        raise TaskDataError(
+            f"task {spec.name!r}: task.labels is null, so the labels are collected from the "
+            f"{spec.train_split!r} split; give its file, or list task.labels"
+        )
+    labels = collect_labels(train_examples)
+    if len(labels) < 2:
+        raise TaskDataError(
+            f"task {spec.name!r}: the {spec.train_split!r} file {spec.path(spec.train_split)} "
+            f"holds {len(labels)} distinct label(s) {labels}; a classification task needs at "
+            "least two (or is this a regression task? set task.kind=regression)"
+        )
+    return LabelMap("classification", tuple(labels))
+
+
+def save_labels(path: str | os.PathLike, label_map: LabelMap) -> None:
+    """Write the label map as JSON (saved beside a fine-tuned model)."""
+    payload = {"kind": label_map.kind, "labels": list(label_map.labels)}
+    Path(path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+def load_labels(path: str | os.PathLike) -> LabelMap:
+    """Read a label map written by `save_labels`."""
+    try:
+        payload = json.loads(Path(path).read_text(encoding="utf-8"))
+        return LabelMap(payload["kind"], tuple(payload["labels"]))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise TaskDataError(
+            f"{path}: not a label file written by save_labels ({err}); expected JSON with "
+            '"kind" and "labels"'
+        ) from err
