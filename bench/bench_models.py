@@ -42,6 +42,7 @@ from models import (
     masked_positions_from_labels,
     pretraining_loss,
 )
+from models.hf import bert_hf_config, llama_hf_config
 
 Autocast = Callable[[], AbstractContextManager]
 
@@ -91,13 +92,7 @@ def bert_case(size: str, device: torch.device, autocast: Autocast, seed: int = 0
     c = BertConfig.from_preset(preset)
     hf = transformers.BertForPreTraining(
         transformers.BertConfig(
-            vocab_size=c.vocab_size,
-            hidden_size=c.d_model,
-            num_hidden_layers=c.n_layers,
-            num_attention_heads=c.n_heads,
-            intermediate_size=c.d_ff,
-            max_position_embeddings=c.max_seq_len,
-            attn_implementation="sdpa",
+            **bert_hf_config(c, "BertForPreTraining"), attn_implementation="sdpa"
         )
     ).to(device)
     ours = load_hf_bert(hf).to(device)
@@ -152,19 +147,7 @@ def gpt_case(size: str, device: torch.device, autocast: Autocast, seed: int = 0)
     preset, T, B = SIZES[size]["gpt"]
     c = GPTConfig.from_preset(preset, max_seq_len=T)
     hf = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=c.vocab_size,
-            hidden_size=c.d_model,
-            intermediate_size=c.d_ff,
-            num_hidden_layers=c.n_layers,
-            num_attention_heads=c.n_heads,
-            num_key_value_heads=c.n_kv_heads,
-            max_position_embeddings=c.max_seq_len,
-            rms_norm_eps=c.norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
-            tie_word_embeddings=c.tie_embeddings,
-            attn_implementation="sdpa",
-        )
+        transformers.LlamaConfig(**llama_hf_config(c), attn_implementation="sdpa")
     ).to(device)
     ours = load_hf_gpt(hf).to(device)
 

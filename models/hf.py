@@ -29,7 +29,9 @@ from models.gpt import GPT, GPTConfig
 
 __all__ = [
     "UnsupportedCheckpointError",
+    "bert_hf_config",
     "export_hf",
+    "llama_hf_config",
     "load_hf",
     "load_hf_bert",
     "load_hf_gpt",
@@ -366,7 +368,9 @@ def load_hf(source: str | Path | Any) -> BertForPreTraining | BertModel | GPT:
 # Export
 
 
-def _bert_hf_config(config: BertConfig, architecture: str) -> dict[str, Any]:
+def bert_hf_config(config: BertConfig, architecture: str) -> dict[str, Any]:
+    """The `transformers` BertConfig fields of `config` (also used by bench/ to build the
+    reference model)."""
     return {
         "architectures": [architecture],
         "model_type": "bert",
@@ -388,7 +392,8 @@ def _bert_hf_config(config: BertConfig, architecture: str) -> dict[str, Any]:
     }
 
 
-def _llama_hf_config(config: GPTConfig) -> dict[str, Any]:
+def llama_hf_config(config: GPTConfig) -> dict[str, Any]:
+    """The `transformers` LlamaConfig fields of `config`."""
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -442,11 +447,11 @@ def export_hf(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if isinstance(model, GPT):
-        hf_config, spec = _llama_hf_config(model.config), _llama_spec(model.config)
+        hf_config, spec = llama_hf_config(model.config), _llama_spec(model.config)
     elif isinstance(model, BertForPreTraining | BertModel):
         with_heads = isinstance(model, BertForPreTraining)
         architecture = "BertForPreTraining" if with_heads else "BertModel"
-        hf_config = _bert_hf_config(model.config, architecture)
+        hf_config = bert_hf_config(model.config, architecture)
         spec = _bert_spec(model.config, with_heads)
     else:
         raise TypeError(f"cannot export {type(model).__name__}; expected BERT or GPT")
