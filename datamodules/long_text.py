@@ -1,5 +1,6 @@
-"""Long documents for classification: sliding-window chunks, truncation baselines, and the
-aggregation of chunk predictions back to one prediction per document.
+"""Long documents for classification: sliding-window chunks and truncation baselines. (Chunk
+predictions go back to one per document with `models.pooling.aggregate_chunk_logits` or
+`ChunkAttentionPooling`.)
 
 Shapes: N chunks (over all documents of a batch or split), C classes, M documents.
 
@@ -23,10 +24,8 @@ from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
-import torch
 
 __all__ = [
-    "aggregate_chunk_logits",
     "chunk_document",
     "chunk_spans",
     "sample_chunks",
@@ -149,43 +148,3 @@ def sample_chunks(n_chunks: int, k: int, rng: np.random.Generator) -> list[int]:
     if n_chunks <= k:
         return list(range(n_chunks))
     return sorted(rng.choice(n_chunks, size=k, replace=False).tolist())
-
-
-def aggregate_chunk_logits(
-    logits_NC: torch.Tensor,
-    doc_index_N: torch.Tensor,
-    num_docs: int,
-    how: Literal["mean", "max"] = "mean",
-) -> torch.Tensor:
-    """One row of scores per document from the scores of its chunks.
-
-    Args:
-        logits_NC: chunk logits (N, C), or regression outputs (N, 1).
-        doc_index_N: (N,) integer document of each chunk, in [0, num_docs); any order.
-        num_docs: M. Every document must have at least one chunk.
-        how: "mean" averages the logits of a document's chunks; "max" takes the per-class
-            maximum (a class wins if any chunk is confident about it).
-
-    Returns:
-        (M, C) document logits, differentiable with respect to `logits_NC`.
-
-    Raises:
-        ValueError: mismatched shapes, an index out of range, a document without chunks, or an
-            unknown `how`.
-    """
-    reduce = {"mean": "mean", "max": "amax"}.get(how)
-    if reduce is None:
-        raise ValueError(f"aggregation must be 'mean' or 'max', got {how!r}")
-    if logits_NC.ndim != 2 or doc_index_N.shape != logits_NC.shape[:1]:
-        raise ValueError(
-            f"expected logits (N, C) and doc_index (N,), got {tuple(logits_NC.shape)} and "
-            f"{tuple(doc_index_N.shape)}"
-        )
-    doc_index_N = doc_index_N.long()
-    if doc_index_N.numel() and (doc_index_N.min() < 0 or doc_index_N.max() >= num_docs):
-        raise ValueError(f"doc_index values must be in [0, num_docs={num_docs})")
-    if bool((torch.bincount(doc_index_N, minlength=num_docs) == 0).any()):
-        raise ValueError("every document needs at least one chunk; some index has none")
-    out_MC = logits_NC.new_zeros(num_docs, logits_NC.shape[1])
-    index_NC = doc_index_N.unsqueeze(1).expand_as(logits_NC)
-    return out_MC.scatter_reduce(0, index_NC, logits_NC, reduce=reduce, include_self=False)

@@ -15,10 +15,32 @@ chunks; `doc_index` says which document each chunk belongs to.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import nn
 
-__all__ = ["ChunkAttentionPooling", "segment_softmax"]
+__all__ = ["ChunkAttentionPooling", "aggregate_chunk_logits", "segment_softmax"]
+
+
+def _check_doc_index(
+    values: torch.Tensor, doc_index_N: torch.Tensor, num_docs: int, name: str
+) -> torch.Tensor:
+    """`doc_index_N` as int64 after checking it fits `values` (N, X) and gives every one of the
+    `num_docs` documents at least one chunk; `name` names `values` in the error."""
+    if values.ndim != 2 or doc_index_N.shape != values.shape[:1]:
+        raise ValueError(
+            f"expected {name} and doc_index (N,), got {tuple(values.shape)} and "
+            f"{tuple(doc_index_N.shape)}"
+        )
+    index_N = doc_index_N.long()
+    if index_N.numel() and (index_N.min() < 0 or index_N.max() >= num_docs):
+        raise ValueError(f"doc_index values must be in [0, num_docs={num_docs})")
+    if bool((torch.bincount(index_N, minlength=num_docs) == 0).any()):
+        raise ValueError(
+            "every document needs at least one chunk; some index in [0, num_docs) has none"
+        )
+    return index_N
 
 
 def segment_softmax(
@@ -85,18 +107,38 @@ class ChunkAttentionPooling(nn.Module):
         Raises:
             ValueError: mismatched shapes, an index out of range, or a document without chunks.
         """
-        if h_ND.ndim != 2 or doc_index_N.shape != h_ND.shape[:1]:
-            raise ValueError(
-                f"expected h (N, D) and doc_index (N,), got {tuple(h_ND.shape)} and "
-                f"{tuple(doc_index_N.shape)}"
-            )
-        index_N = doc_index_N.long()
-        if index_N.numel() and (index_N.min() < 0 or index_N.max() >= num_docs):
-            raise ValueError(f"doc_index values must be in [0, num_docs={num_docs})")
-        if bool((torch.bincount(index_N, minlength=num_docs) == 0).any()):
-            raise ValueError(
-                "every document needs at least one chunk; some index in [0, num_docs) has none"
-            )
+        index_N = _check_doc_index(h_ND, doc_index_N, num_docs, "h (N, D)")
         weights_N = self.weights(h_ND, doc_index_N, num_docs)
         out_MD = h_ND.new_zeros(num_docs, h_ND.shape[1])
         return out_MD.index_add(0, index_N, weights_N.unsqueeze(-1) * h_ND)
+
+
+def aggregate_chunk_logits(
+    logits_NC: torch.Tensor,
+    doc_index_N: torch.Tensor,
+    num_docs: int,
+    how: Literal["mean", "max"] = "mean",
+) -> torch.Tensor:
+    """One row of scores per document from the scores of its chunks.
+
+    Args:
+        logits_NC: chunk logits (N, C), or regression outputs (N, 1).
+        doc_index_N: (N,) integer document of each chunk, in [0, num_docs); any order.
+        num_docs: M. Every document must have at least one chunk.
+        how: "mean" averages the logits of a document's chunks; "max" takes the per-class
+            maximum (a class wins if any chunk is confident about it).
+
+    Returns:
+        (M, C) document logits, differentiable with respect to `logits_NC`.
+
+    Raises:
+        ValueError: mismatched shapes, an index out of range, a document without chunks, or an
+            unknown `how`.
+    """
+    reduce = {"mean": "mean", "max": "amax"}.get(how)
+    if reduce is None:
+        raise ValueError(f"aggregation must be 'mean' or 'max', got {how!r}")
+    doc_index_N = _check_doc_index(logits_NC, doc_index_N, num_docs, "logits (N, C)")
+    out_MC = logits_NC.new_zeros(num_docs, logits_NC.shape[1])
+    index_NC = doc_index_N.unsqueeze(1).expand_as(logits_NC)
+    return out_MC.scatter_reduce(0, index_NC, logits_NC, reduce=reduce, include_self=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.pooling import ChunkAttentionPooling, segment_softmax
+from models.pooling import ChunkAttentionPooling, aggregate_chunk_logits, segment_softmax
 
 D = 16
 DOC_INDEX = torch.tensor([1, 0, 2, 1, 1, 3, 0])  # unsorted; docs have 2, 3, 1 and 1 chunks
@@ -98,3 +98,55 @@ def test_segment_softmax_is_stable_for_large_scores() -> None:
 def test_bad_input(doc_index: list[int], num_docs: int, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ChunkAttentionPooling(4)(torch.zeros(3, 4), torch.tensor(doc_index), num_docs)
+
+
+# Mean / max aggregation of chunk logits
+
+
+def _hand_aggregate(logits: torch.Tensor, doc_index: torch.Tensor, num_docs: int, how: str):
+    rows = []
+    for d in range(num_docs):
+        mine = logits[doc_index == d]
+        rows.append(mine.mean(0) if how == "mean" else mine.max(0).values)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("how", ["mean", "max"])
+def test_aggregation_equals_hand_loop(how: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    doc_index = torch.tensor([2, 0, 0, 1, 2, 2, 3, 0])  # unsorted, 1 to 3 chunks per document
+    logits = torch.randn(8, 3, generator=gen)
+    out = aggregate_chunk_logits(logits, doc_index, 4, how)
+    assert out.shape == (4, 3)
+    torch.testing.assert_close(out, _hand_aggregate(logits, doc_index, 4, how))
+
+
+def test_max_and_mean_differ() -> None:
+    logits = torch.tensor([[0.0, 4.0], [1.0, -4.0], [2.0, -2.0]])
+    doc_index = torch.tensor([0, 0, 0])
+    mean = aggregate_chunk_logits(logits, doc_index, 1, "mean")
+    top = aggregate_chunk_logits(logits, doc_index, 1, "max")
+    torch.testing.assert_close(mean, torch.tensor([[1.0, -2 / 3]]))
+    torch.testing.assert_close(top, torch.tensor([[2.0, 4.0]]))
+    assert mean.argmax(-1).item() == 0 and top.argmax(-1).item() == 1
+
+
+def test_aggregation_is_differentiable() -> None:
+    logits = torch.randn(5, 2, requires_grad=True)
+    out = aggregate_chunk_logits(logits, torch.tensor([0, 0, 1, 1, 1]), 2, "mean")
+    out.sum().backward()
+    torch.testing.assert_close(logits.grad, torch.tensor([[0.5] * 2] * 2 + [[1 / 3] * 2] * 3))
+
+
+@pytest.mark.parametrize(
+    ("doc_index", "num_docs", "how", "match"),
+    [
+        ([0, 0, 2], 3, "mean", "at least one chunk"),
+        ([0, 1, 3], 3, "mean", r"\[0, num_docs=3\)"),
+        ([0, 1, 2], 3, "median", "'mean' or 'max'"),
+        ([0, 1], 3, "mean", "expected logits"),
+    ],
+)
+def test_aggregation_bad_input(doc_index: list[int], num_docs: int, how: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        aggregate_chunk_logits(torch.zeros(3, 2), torch.tensor(doc_index), num_docs, how)
