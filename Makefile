@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed-$(shell sha256sum $(LOCK) 2>/dev/null | cut -c1-16)
 RUN    := LMPIPE_FROM_MAKE=1 $(PY) -m
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock pretrain generate fill-mask prepare tokenizer test test-all bench-models bench-data lint format clean
+.PHONY: help setup lock pretrain generate fill-mask finetune evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-memory lint format clean
 
 help:  ## List the targets
 	@echo "usage: make <target> [hydra overrides...]   e.g. make pretrain model=gpt trainer.max_steps=50"
@@ -48,11 +48,24 @@ generate: $(STAMP)  ## Sample from a trained GPT: make generate ckpt=PATH prompt
 fill-mask: $(STAMP)  ## A trained BERT's guesses: make fill-mask ckpt=PATH text="... [MASK] ..."
 	$(RUN) pipeline.fill_mask
 
+finetune: $(STAMP)  ## Fine-tune on a task: make finetune task=sst2 ckpt=PATH [seed=1,2,3 sweeps]
+	$(RUN) pipeline.finetune
+
+evaluate: $(STAMP)  ## Dev metrics of a fine-tuned model: make evaluate ckpt=outputs/finetune/<task>/<run>
+	$(RUN) pipeline.evaluate
+
+predict: $(STAMP)  ## Label the test split (GLUE submission files) or predict.file=PATH: make predict ckpt=RUN
+	$(RUN) pipeline.predict
+
 prepare: $(STAMP)  ## Build the run's token store ahead of training; print documents, tokens, MB/s
 	$(RUN) pipeline.prepare
 
 tokenizer: $(STAMP)  ## Train (or reuse) the run's tokenizer and print size, sample, throughput
 	$(RUN) pipeline.train_tokenizer
+
+report: $(STAMP)  ## Plots + HTML of runs from their logs: make report run=PATH[,PATH2] [out=DIR]
+	@test -n "$(run)" || { echo "usage: make report run=outputs/<model>/<run_name>[,PATH2,...] [out=DIR]" >&2; exit 2; }
+	$(PY) -m pipeline.report "$(run)" $(if $(out),--out "$(out)")
 
 test: $(STAMP)  ## Run the default test suite (no slow tests)
 	$(PY) -m pytest -m "not slow" -q
@@ -60,11 +73,20 @@ test: $(STAMP)  ## Run the default test suite (no slow tests)
 test-all: $(STAMP)  ## Run every test, slow ones included (GPU tests skip without a GPU)
 	$(PY) -m pytest -q
 
+bench: $(STAMP)  ## Run every benchmark; write bench/results/<date>_<host>.json + .md (QUICK=1: < 5 min)
+	$(PY) bench/run_all.py $(if $(QUICK),--quick)
+
 bench-models: $(STAMP)  ## Training-step tokens/s of our models vs transformers (QUICK=1: short)
 	$(PY) bench/bench_models.py $(if $(QUICK),--quick) --out outputs/bench/models.json
 
 bench-data: $(STAMP)  ## Token-store MB/s vs raw tokenizer, loader batches/s (QUICK=1: short)
 	$(PY) bench/bench_data.py $(if $(QUICK),--quick) --out outputs/bench/data.json
+
+bench-loss: $(STAMP)  ## Time to loss: make pretrain vs a transformers loop, same budget (QUICK=1: short)
+	$(PY) bench/bench_time_to_loss.py $(if $(QUICK),--quick) --out outputs/bench/time_to_loss.json
+
+bench-memory: $(STAMP)  ## Peak RSS of data preparation and training, ours vs transformers (QUICK=1: short)
+	$(PY) bench/bench_memory.py $(if $(QUICK),--quick) --out outputs/bench/memory.json
 
 lint: $(STAMP)  ## Check style and common bugs with ruff
 	$(PY) -m ruff check .

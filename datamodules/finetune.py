@@ -23,7 +23,17 @@ Batches (T = longest sequence of the batch, right padding with the tokenizer's p
 
 `train_dataloader()` reshuffles every epoch from (seed, epoch); `val_dataloader()` returns one
 loader per evaluation split, in `eval_splits` order, so that MNLI matched and mismatched are never
-mixed.
+mixed; `predict_dataloader()` one per unlabelled split of `predict_task` (labels -1, or NaN for
+regression).
+
+Long documents (`task.long_text`, single-text tasks): in "truncate" mode each document is cut
+to one sequence (head, or head+tail) and batched as above. In "window" mode each document
+becomes its sliding-window chunks, and a batch holds whole documents (`batch_size` documents,
+all of their chunks, or `train_chunks` sampled ones per document when training):
+    input_ids, attention_mask, token_type_ids   (N, T) one row per chunk
+    chunk_doc      (N,)   int64   the batch document (0..M-1) each chunk belongs to
+    labels         (M,)           one per document
+    example_index  (M,)   int64   position of each document in its split
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import torch
 from tokenizers import Tokenizer, processors
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from datamodules.long_text import chunk_document, sample_chunks, truncate
 from datamodules.tasks import (
     Example,
     LabelMap,
@@ -44,6 +55,7 @@ from datamodules.tasks import (
     TaskSpec,
     build_label_map,
     read_examples,
+    task_examples,
 )
 from tokenizer import special_ids
 from tokenizer.build import add_bert_template
@@ -125,23 +137,78 @@ class PadCollator:
         }
 
 
+class ChunkedSplit(Dataset):
+    """The sliding-window chunks of one split's documents: chunk rows in an `EncodedSplit`
+    (document order) and each document's range of chunk rows.
+
+    Items are document indices, or (document, epoch) pairs from a training sampler;
+    `ChunkCollator` turns a list of them into a batch.
+    """
+
+    def __init__(self, chunks: EncodedSplit, chunks_per_doc: np.ndarray, labels: np.ndarray):
+        self.chunks = chunks
+        self.doc_offsets = np.concatenate([[0], np.cumsum(chunks_per_doc)])
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        return index
+
+    def doc_chunks(self, doc: int) -> range:
+        return range(int(self.doc_offsets[doc]), int(self.doc_offsets[doc + 1]))
+
+
+class ChunkCollator:
+    """A batch of whole documents: all their chunks, or `train_chunks` of each sampled from
+    (seed, epoch, document) when the items carry the epoch (training)."""
+
+    def __init__(
+        self, split: ChunkedSplit, pad_id: int, seed: int, train_chunks: int | None
+    ) -> None:
+        self.split, self.seed, self.train_chunks = split, seed, train_chunks
+        self.pad = PadCollator(split.chunks, pad_id)
+
+    def __call__(self, items: Sequence[int | tuple[int, int]]) -> dict[str, torch.Tensor]:
+        rows: list[int] = []
+        chunk_doc: list[int] = []
+        docs: list[int] = []
+        for position, item in enumerate(items):
+            doc, epoch = item if isinstance(item, tuple) else (item, None)
+            chunks = self.split.doc_chunks(doc)
+            if epoch is not None and self.train_chunks is not None:
+                rng = np.random.default_rng([self.seed, epoch, doc])
+                chunks = [chunks[i] for i in sample_chunks(len(chunks), self.train_chunks, rng)]
+            rows.extend(chunks)
+            chunk_doc.extend([position] * len(chunks))
+            docs.append(doc)
+        batch = self.pad(rows)
+        batch["chunk_doc"] = torch.as_tensor(chunk_doc, dtype=torch.int64)
+        batch["labels"] = torch.from_numpy(self.split.labels[docs])
+        batch["example_index"] = torch.as_tensor(docs, dtype=torch.int64)
+        return batch
+
+
 class EpochShuffleSampler(Sampler[int]):
     """A permutation of range(n) that is a pure function of (seed, epoch).
 
     Lightning calls `set_epoch` before each training epoch; used outside Lightning, each
-    iteration moves on to the next epoch's order by itself.
+    iteration moves on to the next epoch's order by itself. With `with_epoch`, items are
+    (index, epoch) pairs (for per-epoch chunk sampling in the collator, also in workers).
     """
 
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed, self.epoch = n, seed, 0
+    def __init__(self, n: int, seed: int, with_epoch: bool = False) -> None:
+        self.n, self.seed, self.epoch, self.with_epoch = n, seed, 0, with_epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self) -> Iterator[int]:
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+    def __iter__(self) -> Iterator:
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist()
+        epoch = self.epoch
         self.epoch += 1
-        return iter(order.tolist())
+        return iter([(i, epoch) for i in order] if self.with_epoch else order)
 
     def __len__(self) -> int:
         return self.n
@@ -161,6 +228,9 @@ class FinetuneDataModule(L.LightningDataModule):
         seed: seed of the per-epoch training order.
         max_examples: read only the first this many examples of each split (quick runs, tests);
             with `task.labels` null, labels are then collected from those examples only.
+        predict_task: the spec of the unlabelled splits served by `predict_dataloader()`
+            (`TaskSpec.prediction_spec()`); None: none.
+        label_map: the label map to use (a fine-tuned model's); None: from the task.
     """
 
     def __init__(
@@ -175,10 +245,17 @@ class FinetuneDataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 1234,
         max_examples: int | None = None,
+        predict_task: TaskSpec | None = None,
+        label_map: LabelMap | None = None,
     ) -> None:
         super().__init__()
         if tokenizer_kind not in ("wordpiece", "bpe"):
             raise ValueError(f"tokenizer_kind={tokenizer_kind!r} is not one of wordpiece, bpe")
+        if task.long_text is not None and task.is_pair:
+            raise TaskDataError(
+                f"task {task.name!r}: task.long_text handles single-text tasks; this task has "
+                f"two text columns {task.text_columns}. Set task.long_text=null"
+            )
         # [CLS] A [SEP] (B [SEP]) for BERT; A <eot> (B <eot>) for GPT
         specials = (
             (3 if task.is_pair else 2) if tokenizer_kind == "wordpiece" else len(task.text_columns)
@@ -201,11 +278,19 @@ class FinetuneDataModule(L.LightningDataModule):
         )
         self.num_workers, self.seed, self.max_examples = num_workers, seed, max_examples
         self._tokenizer = task_tokenizer(tokenizer, tokenizer_kind, max_seq_len)
-        self.pad_id = special_ids(tokenizer, tokenizer_kind).pad
+        ids = special_ids(tokenizer, tokenizer_kind)
+        self.pad_id = ids.pad
+        # put around every long-text chunk (the task template's specials)
+        self._wrap = ([ids.cls], [ids.sep]) if tokenizer_kind == "wordpiece" else ([], [ids.eot])
+        self.predict_task = predict_task
         self._examples: dict[str, list[Example]] = {}
-        self._encoded: dict[str, EncodedSplit] = {}
-        self._label_map: LabelMap | None = None
+        self._encoded: dict[str, EncodedSplit | ChunkedSplit] = {}
+        self._label_map: LabelMap | None = label_map
         self._sampler: EpochShuffleSampler | None = None
+        if task.long_text is not None:
+            self.window, self.stride = task.long_text.resolve(
+                max_seq_len - sum(len(w) for w in self._wrap)
+            )
 
     # --- what the LightningModule needs to know ------------------------------------------------
 
@@ -233,6 +318,16 @@ class FinetuneDataModule(L.LightningDataModule):
     def num_labels(self) -> int:
         return self.label_map.num_labels
 
+    @property
+    def predict_splits(self) -> list[str]:
+        """Names of the unlabelled splits, in `predict_dataloader()` order."""
+        return list(self.predict_task.files) if self.predict_task is not None else []
+
+    @property
+    def chunked(self) -> bool:
+        """Whether batches hold sliding-window chunks of documents (`chunk_doc` in the batch)."""
+        return self.task.long_text is not None and self.task.long_text.mode == "window"
+
     def examples(self, split: str) -> list[Example]:
         """The examples of a split read by `setup()` (`example_index` indexes this list)."""
         return self._examples[split]
@@ -240,9 +335,19 @@ class FinetuneDataModule(L.LightningDataModule):
     # --- Lightning hooks ------------------------------------------------------------------------
 
     def setup(self, stage: str | None = None) -> None:
-        """Read and encode the splits `stage` needs (all of them when None); idempotent."""
+        """Read and encode the splits `stage` needs (all labelled ones when None); idempotent."""
+        if stage == "predict":
+            for split in self.predict_splits:
+                if split not in self._encoded:
+                    assert self.predict_task is not None
+                    self._examples[split] = read_examples(
+                        self.predict_task, split, labelled=False, limit=self.max_examples
+                    )
+                    self._check_not_empty(self.predict_task, split)
+                    self._encoded[split] = self._encode(split, labelled=False)
+            return
         train = self.task.train_split
-        needed = [] if stage in ("validate", "test", "predict") else [train]
+        needed = [] if stage in ("validate", "test") else [train]
         needed += [s for s in self.eval_splits if s not in needed]
         if self._label_map is None and self.task.labels is None and not self.task.is_regression:
             self._read(train, labels_known=False)  # the labels come from the training file
@@ -255,12 +360,12 @@ class FinetuneDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         split = self._split(self.task.train_split)
         if self._sampler is None or self._sampler.n != len(split):
-            self._sampler = EpochShuffleSampler(len(split), self.seed)
+            self._sampler = EpochShuffleSampler(len(split), self.seed, with_epoch=self.chunked)
         return DataLoader(
             split,
             batch_size=self.batch_size,
             sampler=self._sampler,
-            collate_fn=PadCollator(split, self.pad_id),
+            collate_fn=self._collator(split),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
@@ -268,19 +373,28 @@ class FinetuneDataModule(L.LightningDataModule):
     def val_dataloader(self) -> list[DataLoader]:
         return [self._eval_loader(s) for s in self.eval_splits]
 
+    def predict_dataloader(self) -> list[DataLoader]:
+        return [self._eval_loader(s) for s in self.predict_splits]
+
     def _eval_loader(self, name: str) -> DataLoader:
         split = self._split(name)
         return DataLoader(
             split,
             batch_size=self.eval_batch_size,
             shuffle=False,
-            collate_fn=PadCollator(split, self.pad_id),
+            collate_fn=self._collator(split),
             num_workers=self.num_workers,
         )
 
+    def _collator(self, split: EncodedSplit | ChunkedSplit):
+        if isinstance(split, ChunkedSplit):
+            assert self.task.long_text is not None
+            return ChunkCollator(split, self.pad_id, self.seed, self.task.long_text.train_chunks)
+        return PadCollator(split, self.pad_id)
+
     # --- reading and encoding -------------------------------------------------------------------
 
-    def _split(self, name: str) -> EncodedSplit:
+    def _split(self, name: str) -> EncodedSplit | ChunkedSplit:
         if name not in self._encoded:
             raise RuntimeError(f"split {name!r} is not loaded: call setup() first")
         return self._encoded[name]
@@ -291,16 +405,28 @@ class FinetuneDataModule(L.LightningDataModule):
         # Before the label map exists (labels collected from the training file) any label
         # is accepted; afterwards a label outside the map is an error naming file and line.
         labels = self.label_map.labels if labels_known and not self.task.is_regression else None
-        self._examples[split] = read_examples(
+        self._examples[split] = task_examples(
             self.task, split, labels=labels, limit=self.max_examples
         )
-        if not self._examples[split]:
-            raise TaskDataError(
-                f"task {self.task.name!r}: the {split} file {self.task.path(split)} has no examples"
-            )
+        self._check_not_empty(self.task, split)
 
-    def _encode(self, split: str) -> EncodedSplit:
+    def _check_not_empty(self, task: TaskSpec, split: str) -> None:
+        if not self._examples[split]:
+            source = task.path(task.train_split if split not in task.files else split)
+            raise TaskDataError(f"task {task.name!r}: the {split} split ({source}) has no examples")
+
+    def _labels(self, examples: list[Example], labelled: bool) -> np.ndarray:
+        if self.task.is_regression:
+            values = [e.label if labelled else np.nan for e in examples]
+            return np.array(values, dtype=np.float32)
+        to_id = self.label_to_id
+        return np.array([to_id[e.label] if labelled else -1 for e in examples], dtype=np.int64)
+
+    def _encode(self, split: str, labelled: bool = True) -> EncodedSplit | ChunkedSplit:
         examples = self._examples[split]
+        labels = self._labels(examples, labelled)
+        if self.task.long_text is not None:
+            return self._encode_long(split, examples, labels)
         inputs = [e.texts if len(e.texts) == 2 else e.texts[0] for e in examples]
         encodings = self._tokenizer.encode_batch(inputs)
         ids = [enc.ids for enc in encodings]
@@ -308,11 +434,6 @@ class FinetuneDataModule(L.LightningDataModule):
             type_ids = [enc.type_ids for enc in encodings]
         else:
             type_ids = [[0] * len(x) for x in ids]
-        if self.task.is_regression:
-            labels = np.array([e.label for e in examples], dtype=np.float32)
-        else:
-            to_id = self.label_to_id
-            labels = np.array([to_id[e.label] for e in examples], dtype=np.int64)
         truncated = sum(len(x) >= self.max_seq_len for x in ids)
         log.info(
             "%s/%s: %d examples encoded, %d at max_seq_len=%d (possibly truncated)",
@@ -323,3 +444,43 @@ class FinetuneDataModule(L.LightningDataModule):
             self.max_seq_len,
         )
         return EncodedSplit(ids, type_ids, labels)
+
+    def _encode_long(
+        self, split: str, examples: list[Example], labels: np.ndarray
+    ) -> EncodedSplit | ChunkedSplit:
+        """Documents as truncated single sequences, or as their sliding-window chunks."""
+        spec = self.task.long_text
+        assert spec is not None
+        prefix, suffix = self._wrap
+        contents = self._content_ids(examples)
+        if spec.mode == "truncate":
+            room = self.max_seq_len - len(prefix) - len(suffix)
+            ids = [prefix + truncate(c, room, spec.truncate, spec.head) + suffix for c in contents]
+            log.info(
+                "%s/%s: %d documents truncated (%s)", self.task.name, split, len(ids), spec.truncate
+            )
+            return EncodedSplit(ids, [[0] * len(x) for x in ids], labels)
+        chunks = [chunk_document(c, prefix, suffix, self.window, self.stride) for c in contents]
+        per_doc = np.array([len(c) for c in chunks], dtype=np.int64)
+        rows = [row for doc in chunks for row in doc]
+        chunk_labels = np.repeat(labels, per_doc)
+        log.info(
+            "%s/%s: %d documents -> %d chunks (window %d, stride %d; %.1f per document)",
+            self.task.name,
+            split,
+            len(chunks),
+            len(rows),
+            self.window,
+            self.stride,
+            per_doc.mean(),
+        )
+        return ChunkedSplit(
+            EncodedSplit(rows, [[0] * len(r) for r in rows], chunk_labels), per_doc, labels
+        )
+
+    def _content_ids(self, examples: list[Example]) -> list[list[int]]:
+        """Each document's tokens without special tokens and without truncation."""
+        encoder = Tokenizer.from_str(self._tokenizer.to_str())
+        encoder.no_truncation()
+        encodings = encoder.encode_batch([e.texts[0] for e in examples], add_special_tokens=False)
+        return [enc.ids for enc in encodings]

@@ -21,16 +21,88 @@ IMDB).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 __all__ = [
+    "LongTextSpec",
     "chunk_document",
     "chunk_spans",
     "sample_chunks",
     "truncate",
 ]
+
+
+MODES = ("window", "truncate")
+AGGREGATIONS = ("mean", "max", "attention")
+TRUNCATIONS = ("head", "head_tail")
+
+
+@dataclass
+class LongTextSpec:
+    """How a task's documents longer than the model's window are classified (`task.long_text`).
+
+    Attributes:
+        mode: "window" classifies every chunk of a sliding window and aggregates per document;
+            "truncate" keeps one piece of each document (the baselines).
+        window: content tokens per chunk; null fills the model's sequence length
+            (`max_seq_len` minus the special tokens around a chunk).
+        stride: tokens from one chunk's start to the next; null is 3/4 of the window (chunks
+            share a quarter of their tokens).
+        train_chunks: null trains on every chunk of every document, each with the document's
+            label; k trains on k chunks per document per epoch, sampled anew each epoch.
+        aggregate: how chunk predictions become one per document: "mean" or "max" of the chunk
+            logits, or "attention", a learned pooling of the chunk states (trained per
+            document).
+        truncate: "head" keeps the first tokens; "head_tail" the first `head` and the last
+            ones (Sun et al. 2019).
+        head: tokens kept from the start in "head_tail" mode.
+    """
+
+    mode: str = "window"
+    window: int | None = None
+    stride: int | None = None
+    train_chunks: int | None = None
+    aggregate: str = "mean"
+    truncate: str = "head"
+    head: int = 128
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (
+            ("mode", self.mode, MODES),
+            ("aggregate", self.aggregate, AGGREGATIONS),
+            ("truncate", self.truncate, TRUNCATIONS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"task.long_text.{name}={value!r} is not one of {list(allowed)}")
+        for name in ("window", "stride", "train_chunks"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"task.long_text.{name}={value} must be >= 1, or null")
+        if self.head < 0:
+            raise ValueError(f"task.long_text.head={self.head} must be >= 0")
+
+    def resolve(self, content_len: int) -> tuple[int, int]:
+        """(window, stride) for a model with room for `content_len` content tokens per chunk.
+
+        Raises:
+            ValueError: the window does not fit, or the stride exceeds the window.
+        """
+        window = content_len if self.window is None else self.window
+        if window > content_len:
+            raise ValueError(
+                f"task.long_text.window={window} does not fit max_seq_len: a chunk has room for "
+                f"{content_len} content tokens; lower the window or raise max_seq_len"
+            )
+        stride = max(1, window * 3 // 4) if self.stride is None else self.stride
+        if stride > window:
+            raise ValueError(
+                f"task.long_text.stride={stride} exceeds the window ({window}): tokens between "
+                "chunks would be skipped; use a stride <= window"
+            )
+        return window, stride
 
 
 def chunk_spans(num_tokens: int, window: int, stride: int) -> list[tuple[int, int]]:
@@ -75,28 +147,33 @@ def _as_list(token_ids: Sequence[int] | np.ndarray) -> list[int]:
 
 
 def chunk_document(
-    token_ids: Sequence[int] | np.ndarray, cls_id: int, sep_id: int, window: int, stride: int
+    token_ids: Sequence[int] | np.ndarray,
+    prefix: Sequence[int],
+    suffix: Sequence[int],
+    window: int,
+    stride: int,
 ) -> list[list[int]]:
-    """The chunks of one document, each `[CLS] chunk [SEP]` (at most `window + 2` ids).
+    """The chunks of one document, each `prefix chunk suffix`: `[CLS] chunk [SEP]` for BERT,
+    `chunk <eot>` for GPT (at most `window + len(prefix) + len(suffix)` ids).
 
     Args:
         token_ids: the document's content tokens, without special tokens.
-        cls_id, sep_id: ids of [CLS] and [SEP] (`tokenizer.special.special_ids`).
+        prefix, suffix: special-token ids put around every chunk (`special_ids`).
         window, stride: as in `chunk_spans`.
 
     Raises:
-        ValueError: the ids already contain [CLS] or [SEP] (encode without special tokens), or
-            bad `window`/`stride` (see `chunk_spans`).
+        ValueError: the ids already contain one of the special tokens (encode without special
+            tokens), or bad `window`/`stride` (see `chunk_spans`).
     """
     ids = _as_list(token_ids)
-    if cls_id in ids or sep_id in ids:
+    specials = {*prefix, *suffix}
+    if specials.intersection(ids):
         raise ValueError(
-            "token_ids already contain [CLS] or [SEP]; encode documents with "
-            "add_special_tokens=False, chunk_document adds them to every chunk"
+            f"token_ids already contain the special token ids {sorted(specials)}; encode "
+            "documents with add_special_tokens=False, chunk_document adds them to every chunk"
         )
-    return [
-        [cls_id, *ids[start:end], sep_id] for start, end in chunk_spans(len(ids), window, stride)
-    ]
+    head, tail = list(prefix), list(suffix)
+    return [head + ids[start:end] + tail for start, end in chunk_spans(len(ids), window, stride)]
 
 
 def truncate(

@@ -18,17 +18,26 @@ standard CSV quoting. A UTF-8 byte order mark (MRPC has one) is dropped.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datamodules.long_text import LongTextSpec
+from tokenizer import atomic_path
 
 log = logging.getLogger(__name__)
 
 KINDS = ("classification", "regression")
+CARVED_DEV = "dev"  # the split `dev_fraction` carves out of the training file
+PREDICT_KEYS = {"files", "text_columns", "id_column", "has_header", "format", "submission"}
 FORMATS = ("tsv", "csv", "jsonl")
 CLASSIFICATION_METRICS = ("accuracy", "f1", "matthews")
 REGRESSION_METRICS = ("pearson", "spearman")
@@ -65,6 +74,15 @@ class TaskSpec:
             spearman (regression).
         main_metric: the metric that selects the best checkpoint; one of `metrics`.
         skip_bad_rows: drop rows with the wrong number of fields (logged) instead of failing.
+        dev_fraction: carve a "dev" split out of the training file (a seeded split, stratified by
+            label) for a task that has no labelled dev file; null uses `files`.
+        split_seed: seed of that split.
+        predict: the unlabelled splits of `make predict` and how to read them (GLUE test files
+            have other columns than train/dev): `files` (split -> file), and optionally
+            `text_columns`, `id_column`, `has_header`, `format` (default: as above) and
+            `submission` (split -> output file name, e.g. the GLUE leaderboard's `SST-2.tsv`).
+        long_text: sliding-window or truncation settings for documents longer than the model's
+            window (`datamodules.long_text.LongTextSpec`); null encodes each text once, truncated.
     """
 
     name: str
@@ -82,6 +100,10 @@ class TaskSpec:
     metrics: list[str] = field(default_factory=lambda: ["accuracy"])
     main_metric: str = "accuracy"
     skip_bad_rows: bool = False
+    dev_fraction: float | None = None
+    split_seed: int = 1234
+    predict: dict[str, Any] | None = None
+    long_text: LongTextSpec | None = None
 
     def __post_init__(self) -> None:
         # Hydra hands over ListConfig/DictConfig; keep plain containers from here on.
@@ -90,11 +112,16 @@ class TaskSpec:
         self.metrics = [str(m) for m in self.metrics]
         if self.labels is not None:
             self.labels = [_label_text(v) for v in self.labels]
-        self.eval_splits = (
-            [s for s in self.files if s != self.train_split]
-            if self.eval_splits is None
-            else [str(s) for s in self.eval_splits]
-        )
+        if self.eval_splits is not None:
+            self.eval_splits = [str(s) for s in self.eval_splits]
+        elif self.dev_fraction is not None:
+            self.eval_splits = [CARVED_DEV]
+        else:
+            self.eval_splits = [s for s in self.files if s != self.train_split]
+        if self.predict is not None:
+            self.predict = _plain(self.predict)
+        if self.long_text is not None and not isinstance(self.long_text, LongTextSpec):
+            self.long_text = LongTextSpec(**_plain(self.long_text))
         self._validate()
 
     def _validate(self) -> None:
@@ -117,10 +144,22 @@ class TaskSpec:
                     f"{where}: task.has_header=false, so columns must be 0-based field indices, "
                     f"got names {named}"
                 )
-        unknown = [s for s in self.eval_splits if s not in self.files]
+        if self.dev_fraction is not None:
+            if not 0 < self.dev_fraction < 1:
+                raise TaskDataError(
+                    f"{where}: task.dev_fraction={self.dev_fraction} must be in (0, 1), or null"
+                )
+            if CARVED_DEV in self.files:
+                raise TaskDataError(
+                    f"{where}: task.dev_fraction carves a {CARVED_DEV!r} split out of the "
+                    f"training file, but task.files has one; set one or the other"
+                )
+        splits = [*self.files, *([CARVED_DEV] if self.dev_fraction is not None else [])]
+        unknown = [s for s in self.eval_splits if s not in splits]
         if unknown:
             raise TaskDataError(
                 f"{where}: task.eval_splits {unknown} are not in task.files {list(self.files)}"
+                + (" (or the carved dev split)" if self.dev_fraction is not None else "")
             )
         allowed = REGRESSION_METRICS if self.is_regression else CLASSIFICATION_METRICS
         bad = [m for m in self.metrics if m not in allowed]
@@ -151,6 +190,14 @@ class TaskSpec:
                 f"labels, got {self.labels}"
             )
 
+        if self.predict is not None:
+            unknown_keys = set(self.predict) - PREDICT_KEYS
+            if unknown_keys:
+                raise TaskDataError(
+                    f"{where}: task.predict has unknown key(s) {sorted(unknown_keys)}; it takes "
+                    f"{sorted(PREDICT_KEYS)}"
+                )
+
     @property
     def is_pair(self) -> bool:
         return len(self.text_columns) == 2
@@ -166,6 +213,46 @@ class TaskSpec:
                 f"task {self.name!r} has no split {split!r}; its splits are {list(self.files)}"
             )
         return Path(os.path.expanduser(self.data_dir)) / self.files[split]
+
+    @property
+    def ordered_metrics(self) -> list[str]:
+        """`metrics` with `main_metric` first (the order the metrics are computed and shown)."""
+        return [self.main_metric, *(m for m in self.metrics if m != self.main_metric)]
+
+    @property
+    def predict_splits(self) -> list[str]:
+        """The unlabelled splits `make predict` writes predictions for (GLUE: test)."""
+        return list((self.predict or {}).get("files", {}))
+
+    def submission_name(self, split: str) -> str:
+        """File name of the predictions of `split` (the GLUE leaderboard's, for GLUE tasks)."""
+        return (self.predict or {}).get("submission", {}).get(split, f"{self.name}_{split}.tsv")
+
+    def prediction_spec(self, file: str | os.PathLike | None = None) -> TaskSpec:
+        """The spec that reads the unlabelled files: `task.predict`'s, or the one `file` (split
+        "input") read with the task's columns and the `task.predict` column settings."""
+        settings = dict(self.predict or {})
+        if file is not None:
+            path = Path(os.path.expanduser(str(file)))
+            settings["files"] = {"input": str(path.resolve())}
+        elif not settings.get("files"):
+            raise TaskDataError(
+                f"task {self.name!r} names no unlabelled files (task.predict.files); give the "
+                "texts to label with predict.file=PATH"
+            )
+        columns = {
+            k: settings[k] for k in ("text_columns", "id_column", "has_header") if k in settings
+        }
+        if "format" in settings or file is not None:
+            columns["format"] = settings.get("format") if file is None else None
+        return dataclasses.replace(
+            self,
+            files=dict(settings["files"]),
+            eval_splits=[],
+            dev_fraction=None,
+            predict=None,
+            **columns,
+        )
 
     def file_format(self, split: str) -> str:
         if self.format is not None:
@@ -195,14 +282,16 @@ def read_examples(
     *,
     labels: Sequence[str] | None = None,
     limit: int | None = None,
+    labelled: bool = True,
 ) -> list[Example]:
-    """Read the examples of one split.
+    """Read the examples of one split of the task's files.
 
     Args:
         spec: the task.
         split: a key of `spec.files`.
         labels: the allowed class names (default `spec.labels`; None accepts any).
         limit: read at most this many examples (the first ones).
+        labelled: False reads texts (and ids) only, for prediction; labels are None.
 
     Raises:
         TaskDataError: a missing file or column, a row with the wrong number of fields, a
@@ -218,25 +307,31 @@ def read_examples(
     known = spec.labels if labels is None else labels
     allowed = None if spec.is_regression or known is None else set(known)
     examples: list[Example] = []
-    for line, record in _records(spec, path, spec.file_format(split)):
+    for line, record in _records(spec, path, spec.file_format(split), labelled):
         if limit is not None and len(examples) >= limit:
             break
         texts = tuple(_text(record.get(c)) for c in spec.text_columns)
-        raw = record.get(spec.label_column)
-        label = _parse_label(spec, raw, allowed, f"{path}:{line}")
+        label = None
+        if labelled:
+            label = _parse_label(spec, record.get(spec.label_column), allowed, f"{path}:{line}")
         ident = record.get(spec.id_column) if spec.id_column is not None else None
         examples.append(Example(texts, label, str(ident if ident is not None else len(examples))))
     return examples
 
 
-def _records(spec: TaskSpec, path: Path, fmt: str) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, {column: value}) per row; columns are names and/or indices."""
-    if fmt == "jsonl":
-        yield from _json_records(spec, path)
-        return
-    wanted = [*spec.text_columns, spec.label_column]
+def _wanted_columns(spec: TaskSpec, labelled: bool) -> list[Column]:
+    wanted = [*spec.text_columns, *([spec.label_column] if labelled else [])]
     if spec.id_column is not None:
         wanted.append(spec.id_column)
+    return wanted
+
+
+def _records(spec: TaskSpec, path: Path, fmt: str, labelled: bool) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, {column: value}) per row; columns are names and/or indices."""
+    wanted = _wanted_columns(spec, labelled)
+    if fmt == "jsonl":
+        yield from _json_records(path, wanted)
+        return
     dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {}
     with open(path, encoding="utf-8-sig", newline="") as handle:
         reader = csv.reader(handle, **dialect)
@@ -300,10 +395,7 @@ def _check_indices(path: Path, line: int, fields: int, wanted: list[Column]) -> 
             )
 
 
-def _json_records(spec: TaskSpec, path: Path) -> Iterator[tuple[int, dict]]:
-    wanted = [*spec.text_columns, spec.label_column]
-    if spec.id_column is not None:
-        wanted.append(spec.id_column)
+def _json_records(path: Path, wanted: list[Column]) -> Iterator[tuple[int, dict]]:
     with open(path, encoding="utf-8-sig") as handle:
         for line, text in enumerate(handle, start=1):
             if not text.strip():
@@ -349,6 +441,56 @@ def _parse_label(
             "to collect the labels from the training file"
         )
     return label
+
+
+def task_examples(
+    spec: TaskSpec,
+    split: str,
+    *,
+    labels: Sequence[str] | None = None,
+    limit: int | None = None,
+) -> list[Example]:
+    """The labelled examples of a split: `read_examples`, except that with `spec.dev_fraction`
+    the training file is split (seeded, stratified) into the train split and a "dev" split.
+
+    `limit` applies after the split, to each part."""
+    if spec.dev_fraction is None or split not in (spec.train_split, CARVED_DEV):
+        return read_examples(spec, split, labels=labels, limit=limit)
+    examples = read_examples(spec, spec.train_split, labels=labels)
+    dev = set(stratified_holdout(examples, spec.dev_fraction, spec.split_seed).tolist())
+    part = [e for i, e in enumerate(examples) if (i in dev) == (split == CARVED_DEV)]
+    return part if limit is None else part[:limit]
+
+
+def stratified_holdout(examples: Sequence[Example], fraction: float, seed: int) -> np.ndarray:
+    """Sorted indices of a held-out `fraction` of `examples`, the same fraction of every label
+    (rounded per label; at least one example of a label with two or more), seeded.
+
+    Regression targets are stratified by quartile."""
+    if not examples:
+        return np.zeros(0, dtype=np.int64)
+    values = [e.label for e in examples]
+    if all(isinstance(v, float) for v in values):
+        edges = np.quantile(np.asarray(values, dtype=np.float64), [0.25, 0.5, 0.75])
+        values = np.searchsorted(edges, values).tolist()
+    rng = np.random.default_rng(seed)
+    held: list[int] = []
+    for label in sorted({str(v) for v in values}):
+        members = np.array([i for i, v in enumerate(values) if str(v) == label], dtype=np.int64)
+        n = round(fraction * len(members))
+        if len(members) >= 2:
+            n = min(max(n, 1), len(members) - 1)  # the label stays in both parts
+        held.extend(rng.permutation(members)[:n].tolist())
+    return np.sort(np.asarray(held, dtype=np.int64))
+
+
+def _plain(value: Any) -> Any:
+    """Plain dicts and lists from (possibly nested) mappings and sequences such as Hydra's."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _text(value: object) -> str:
@@ -426,7 +568,8 @@ def build_label_map(spec: TaskSpec, train_examples: Sequence[Example] | None = N
 def save_labels(path: str | os.PathLike, label_map: LabelMap) -> None:
     """Write the label map as JSON (saved beside a fine-tuned model)."""
     payload = {"kind": label_map.kind, "labels": list(label_map.labels)}
-    Path(path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
 
 
 def load_labels(path: str | os.PathLike) -> LabelMap:

@@ -15,8 +15,9 @@ from torch import nn
 
 from models.bert import BertForPreTraining, BertModel
 from models.gpt import GPT, GPTModel
+from models.pooling import ChunkAttentionPooling, aggregate_chunk_logits
 
-__all__ = ["SequenceClassifier", "last_token_index", "sequence_loss"]
+__all__ = ["DocumentClassifier", "SequenceClassifier", "last_token_index", "sequence_loss"]
 
 
 def last_token_index(attention_mask_BT: torch.Tensor) -> torch.Tensor:
@@ -87,18 +88,83 @@ class SequenceClassifier(nn.Module):
         Returns:
             (B, C) logits, or (B, 1) regression values.
         """
+        features_BD = self.features(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        )
+        return self.classify(features_BD)
+
+    def features(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, D) sequence features the head reads: BERT's pooled [CLS], GPT's last token."""
         if isinstance(self.backbone, BertModel):
-            features_BD = self.backbone(
+            return self.backbone(
                 input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             ).pooled
-        else:
-            h_BTD = self.backbone(input_ids, attention_mask=attention_mask)
-            if attention_mask is None:
-                features_BD = h_BTD[:, -1]
-            else:
-                rows = torch.arange(h_BTD.shape[0], device=h_BTD.device)
-                features_BD = h_BTD[rows, last_token_index(attention_mask)]
+        h_BTD = self.backbone(input_ids, attention_mask=attention_mask)
+        if attention_mask is None:
+            return h_BTD[:, -1]
+        rows = torch.arange(h_BTD.shape[0], device=h_BTD.device)
+        return h_BTD[rows, last_token_index(attention_mask)]
+
+    def classify(self, features_BD: torch.Tensor) -> torch.Tensor:
+        """(B, D) features -> (B, C) scores (dropout, then the linear layer)."""
         return self.classifier(self.dropout(features_BD))
+
+
+class DocumentClassifier(nn.Module):
+    """Scores documents from their sliding-window chunks (N chunks of M documents).
+
+    - "mean" / "max": every chunk is scored by the sequence classifier; a document's scores
+      are the mean or per-class max of its chunks' (`aggregate_chunk_logits`). Trained per
+      chunk, each chunk with its document's label.
+    - "attention": the chunks' features are pooled per document by learned attention
+      (`ChunkAttentionPooling`) and the pooled vector is scored. Trained per document.
+
+    Args:
+        classifier: the `SequenceClassifier` that scores (or featurizes) each chunk.
+        aggregate: "mean", "max" or "attention".
+    """
+
+    def __init__(self, classifier: SequenceClassifier, aggregate: str = "mean") -> None:
+        super().__init__()
+        if aggregate not in ("mean", "max", "attention"):
+            raise ValueError(f"aggregate must be 'mean', 'max' or 'attention', got {aggregate!r}")
+        self.classifier = classifier
+        self.aggregate = aggregate
+        d_model = classifier.backbone.config.d_model
+        self.pooling = ChunkAttentionPooling(d_model) if aggregate == "attention" else None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        chunk_doc: torch.Tensor,
+        num_docs: int,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Chunk and document scores.
+
+        Args:
+            input_ids: (N, T) chunks.
+            chunk_doc: (N,) document of each chunk, in [0, num_docs).
+            num_docs: M.
+
+        Returns:
+            (chunk scores (N, C), or None with attention pooling; document scores (M, C)).
+        """
+        features_ND = self.classifier.features(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        )
+        if self.pooling is not None:
+            return None, self.classifier.classify(self.pooling(features_ND, chunk_doc, num_docs))
+        chunk_NC = self.classifier.classify(features_ND)
+        return chunk_NC, aggregate_chunk_logits(chunk_NC, chunk_doc, num_docs, self.aggregate)
 
 
 def sequence_loss(logits_BC: torch.Tensor, labels_B: torch.Tensor) -> torch.Tensor:

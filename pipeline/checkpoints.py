@@ -7,6 +7,8 @@ schedule, precision scaler, loop counters and data position (Lightning's own key
     tokenizer     {"kind": "wordpiece"|"bpe", "json": the tokenizer's JSON}
     config        the resolved run config (plain dict)
     rng           torch (CPU and CUDA), numpy and Python RNG states
+    wandb         {"id", "project", "group", "name"} of the run's wandb run, when it has one
+                  (pipeline/loggers.py; a resumed run continues it)
 
 Everything in it is plain data, so it loads with `torch.load(weights_only=True)`.
 
@@ -33,6 +35,7 @@ from tokenizers import Tokenizer
 from models.config import BertConfig, GPTConfig
 from pipeline.config import FAMILIES, ConfigError
 from pipeline.load import CheckpointLoadError, read_checkpoint
+from pipeline.loggers import wandb_run_record
 from tokenizer import atomic_path
 
 log = logging.getLogger(__name__)
@@ -116,7 +119,8 @@ class CheckpointExtras(L.Callback):
 
     The RNG states of every rank are gathered into the checkpoint (a list indexed by rank), as
     ranks draw different amounts (BERT batches differ in width), and each rank gets its own
-    back.
+    back. The wandb run is recorded too (`pipeline.loggers.wandb_run_record`), so that a run
+    resumed from the checkpoint continues it.
     """
 
     def __init__(self, tokenizer: Tokenizer, tokenizer_kind: str, config: dict[str, Any]):
@@ -127,6 +131,9 @@ class CheckpointExtras(L.Callback):
         checkpoint["model_config"] = model_config_record(pl_module.model_config)
         checkpoint["tokenizer"] = self.tokenizer
         checkpoint["config"] = self.config
+        wandb_run = wandb_run_record(trainer.loggers)
+        if wandb_run is not None:
+            checkpoint["wandb"] = wandb_run
         states = rng_states()
         if trainer.world_size > 1:  # this hook runs on every rank; only rank 0 writes
             gathered: list[Any] = [None] * trainer.world_size

@@ -6,6 +6,7 @@
   Hydra overrides exactly (spaces, globs and quotes intact, no shell in between).
 - Free text (`make generate prompt="..."`, `make fill-mask text="..."`): `literal_text_overrides`
   quotes it for Hydra, whose override grammar would read `[`, `,`, `'` and `${` as syntax.
+- Sweeps: `make finetune seed=1,2,3` runs as a Hydra multirun (make itself swallows `-m`).
 - `user_errors`: bad input ends the run with one clear line and exit status 2, not a traceback.
 """
 
@@ -26,6 +27,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from datamodules.batches import DataSetupError
 from datamodules.corpus import CorpusError
+from datamodules.tasks import TaskDataError
 from pipeline.config import ConfigError
 from pipeline.load import CheckpointLoadError
 from pipeline.modules import NonFiniteLossError
@@ -119,7 +121,20 @@ def entry_point(main: Callable[[], None], literal_keys: tuple[str, ...] = ()) ->
         sys.argv.extend(overrides_from_make(os.environ.get("MAKEFLAGS", "")))
     if literal_keys:
         sys.argv[1:] = literal_text_overrides(sys.argv[1:], literal_keys)
+    if is_sweep(sys.argv[1:]) and not {"-m", "--multirun"} & set(sys.argv[1:]):
+        # make swallows `-m` (`make finetune -m seed=1,2,3`): a sweep value implies it.
+        sys.argv.insert(1, "--multirun")
     main()
+
+
+def is_sweep(args: list[str]) -> bool:
+    """Whether any Hydra override in `args` sweeps over values (`seed=1,2,3`, `range(3)`)."""
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # let Hydra itself report a malformed override
+        return False
+    return any(o.is_sweep_override() for o in parsed)
 
 
 def literal_text_overrides(args: list[str], keys: tuple[str, ...]) -> list[str]:
@@ -171,6 +186,7 @@ USER_ERRORS = (
     TokenizerLoadError,
     MissingMandatoryValue,
     NonFiniteLossError,
+    TaskDataError,
 )
 
 

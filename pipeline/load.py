@@ -44,6 +44,8 @@ __all__ = [
     "CheckpointLoadError",
     "Pretrained",
     "WrongFamilyError",
+    "checkpoint_model_config",
+    "checkpoint_tokenizer",
     "expect_family",
     "inference_autocast",
     "load_pretrained",
@@ -150,8 +152,8 @@ def _load_lightning_checkpoint(path: Path) -> Pretrained:
                 "written by `make pretrain`; load the run's HF export instead (the hf/ folder "
                 "next to checkpoints/), or re-train with the current pipeline"
             )
-    family, config = _model_config(path, checkpoint["model_config"])
-    tokenizer, kind = _checkpoint_tokenizer(path, checkpoint["tokenizer"])
+    family, config = checkpoint_model_config(path, checkpoint["model_config"])
+    tokenizer, kind = checkpoint_tokenizer(path, checkpoint["tokenizer"])
     state = {
         key.removeprefix(STATE_PREFIX): value
         for key, value in checkpoint["state_dict"].items()
@@ -200,7 +202,7 @@ def _unreadable(path: Path, err: Exception) -> CheckpointLoadError:
     )
 
 
-def _model_config(path: Path, entry: Any) -> tuple[str, BertConfig | GPTConfig]:
+def checkpoint_model_config(path: Path, entry: Any) -> tuple[str, BertConfig | GPTConfig]:
     fields = dict(entry) if isinstance(entry, dict) else {}
     family = fields.pop("family", None)
     if family not in FAMILIES:
@@ -218,7 +220,7 @@ def _model_config(path: Path, entry: Any) -> tuple[str, BertConfig | GPTConfig]:
         ) from err
 
 
-def _checkpoint_tokenizer(path: Path, entry: Any) -> tuple[Tokenizer, str]:
+def checkpoint_tokenizer(path: Path, entry: Any) -> tuple[Tokenizer, str]:
     kind = entry.get("kind") if isinstance(entry, dict) else None
     if kind not in TOKENIZER_KINDS.values():
         raise CheckpointLoadError(

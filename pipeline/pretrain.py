@@ -35,6 +35,13 @@ from pipeline.checkpoints import (
 from pipeline.cli import entry_point, user_errors
 from pipeline.config import RunPlan, check_config
 from pipeline.load import load_pretrained, read_checkpoint
+from pipeline.loggers import (
+    build_loggers,
+    log_run_end,
+    log_run_start,
+    saved_wandb_run,
+    tokenizer_fingerprint,
+)
 from pipeline.modules import PretrainModule, module_for
 from tokenizer import get_tokenizer
 
@@ -54,11 +61,14 @@ def model_vocab_size(tokenizer_vocab: int, family: str) -> int:
     return round_up(tokenizer_vocab, 64) if family == "gpt" else tokenizer_vocab
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, extras: L.Callback) -> L.Trainer:
+def build_trainer(
+    cfg: DictConfig, run_dir: Path, extras: L.Callback, *, resume_id: str | None = None
+) -> L.Trainer:
+    """The Trainer of a run; `resume_id`: the wandb run to continue (see pipeline/loggers.py)."""
     accumulate = cfg.trainer.accumulate_grad_batches
     # optimizer steps -> the micro-batches Lightning counts
     val_every = cfg.trainer.val_check_interval * accumulate
-    loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
+    loggers = build_loggers(cfg, run_dir, job_type="pretrain", resume_id=resume_id)
     return instantiate(
         cfg.trainer,
         precision=cfg.trainer.precision or best_precision(),
@@ -80,9 +90,15 @@ def launcher_rank() -> int:
 
 
 def assemble(
-    cfg: DictConfig, plan: RunPlan, tokenizer: Tokenizer, run_dir: Path
+    cfg: DictConfig,
+    plan: RunPlan,
+    tokenizer: Tokenizer,
+    run_dir: Path,
+    *,
+    resume_id: str | None = None,
 ) -> tuple[PretrainModule, PretrainDataModule, L.Trainer]:
-    """The LightningModule, datamodule and Trainer of a run, as the config describes them."""
+    """The LightningModule, datamodule and Trainer of a run, as the config describes them
+    (`resume_id`: the wandb run that a resumed run continues)."""
     model_config = dataclasses.replace(
         plan.model, vocab_size=model_vocab_size(tokenizer.get_vocab_size(), plan.family)
     )
@@ -107,21 +123,32 @@ def assemble(
     extras = CheckpointExtras(
         tokenizer, plan.tokenizer.kind, OmegaConf.to_container(cfg, resolve=True)
     )
-    return module, datamodule, build_trainer(cfg, run_dir, extras)
+    return module, datamodule, build_trainer(cfg, run_dir, extras, resume_id=resume_id)
 
 
 def train(cfg: DictConfig, plan: RunPlan) -> None:
     L.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.paths.output_dir)
     resume_from = resume_checkpoint(cfg.resume, run_dir)
+    resumed = read_checkpoint(resume_from) if resume_from is not None else None
     tokenizer = get_tokenizer(
         plan.tokenizer, plan.corpus, cfg.paths.cache_dir, may_train=launcher_rank() == 0
     )
-    module, datamodule, trainer = assemble(cfg, plan, tokenizer, run_dir)
-    if resume_from is not None:
-        check_compatible(read_checkpoint(resume_from), module.model_config, tokenizer)
+    module, datamodule, trainer = assemble(
+        cfg, plan, tokenizer, run_dir, resume_id=saved_wandb_run(resumed).get("id")
+    )
+    if resumed is not None:
+        check_compatible(resumed, module.model_config, tokenizer)
     if trainer.is_global_zero:
         tokenizer.save(str(run_dir / "tokenizer.json"))
+        log_run_start(
+            trainer.loggers,
+            cfg,
+            parameters=module.parameter_count(),
+            flops_per_token=module.flops_per_token,
+            data_fingerprint=plan.corpus.fingerprint(),
+            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        )
         print(f"{plan.family} model, {module.parameter_count():,} parameters; run folder {run_dir}")
         if resume_from is not None:
             print(f"resuming from {resume_from}")
@@ -131,10 +158,19 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         # FSDP each process only holds a shard of `module.model`).
         final = load_pretrained(trainer.checkpoint_callback.last_model_path)
         export_dir = export_hf(final.model, run_dir / "hf", tokenizer=tokenizer)
-        print_summary(trainer, run_dir, export_dir, plan.family)
+        tracking = log_run_end(trainer.loggers, hf_export=str(export_dir))
+        print_summary(trainer, run_dir, export_dir, plan.family, tracking)
 
 
-def print_summary(trainer: L.Trainer, run_dir: Path, export_dir: Path, family: str) -> None:
+def print_summary(
+    trainer: L.Trainer,
+    run_dir: Path,
+    export_dir: Path,
+    family: str,
+    tracking: dict[str, str] | None = None,
+) -> None:
+    """Where everything is and what to run next; `tracking`: from `log_run_end` (the wandb
+    run's URL, or the command that uploads an offline run)."""
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()) if k.startswith("val/"))
     last = trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else ""
@@ -148,12 +184,16 @@ def print_summary(trainer: L.Trainer, run_dir: Path, export_dir: Path, family: s
     for label, path in places.items():
         if path is not None and path.exists():  # e.g. no metrics file when loggers are off
             print(f"  {label:<11} {path}")
+    for label, value in (tracking or {}).items():
+        print(f"  {label:<11} {value}")
     if family == "gpt":
         print(f'next: make generate ckpt={run_dir} prompt="The history of"')
         print(f"      or load {export_dir} with transformers.AutoModelForCausalLM")
     else:
         print(f'next: make fill-mask ckpt={run_dir} text="The capital of France is [MASK]."')
         print(f"      or load {export_dir} with transformers.AutoModelForPreTraining")
+    if places["metrics"].exists():
+        print(f"report: make report run={run_dir}")
 
 
 @hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")

@@ -44,19 +44,29 @@ def pretrain_command(tmp_path: Path, *overrides: str) -> list[str]:
     ]
 
 
-# Environment of CLI subprocesses: offline, no inherited run stamp or debug switches.
-CLI_ENV = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
+# Environment of CLI subprocesses: offline, no inherited run stamp or debug switches, and no
+# wandb (the default logger list has it; tests/pipeline/test_loggers.py turns it on).
+CLI_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HF_HUB_OFFLINE": "1",
+    "OMP_NUM_THREADS": "2",
+    "WANDB_MODE": "disabled",
+}
 
 
-def run_pretrain(tmp_path: Path, *overrides: str, timeout: float = 600):
-    """Run the pretraining CLI to completion; returns the CompletedProcess."""
+def run_pretrain(
+    tmp_path: Path, *overrides: str, timeout: float = 600, env: dict | None = None, stdin=None
+):
+    """Run the pretraining CLI to completion (environment `env`, default `CLI_ENV`; `stdin`, a
+    file descriptor, default the test's); returns the CompletedProcess."""
     return subprocess.run(
         pretrain_command(tmp_path, *overrides),
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=CLI_ENV,
+        env=CLI_ENV if env is None else env,
+        stdin=stdin,
     )
 
 
@@ -92,3 +102,10 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared datasets not found at {SHARED_DATA} (set LMPIPE_SHARED_DATA)")
     return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _no_wandb_unless_asked(monkeypatch):
+    """Runs built in-process leave wandb out (the default logger list has it), so tests start
+    no wandb service; a test that wants wandb sets WANDB_MODE itself."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")

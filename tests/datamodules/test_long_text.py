@@ -78,16 +78,21 @@ def test_bad_spans_raise(num_tokens: int, window: int, stride: int, match: str) 
 
 def test_chunk_document_wraps_each_chunk() -> None:
     ids = np.arange(1, 12)  # 11 content tokens, as a token store would give them
-    chunks = chunk_document(ids, CLS, SEP, window=4, stride=2)
+    chunks = chunk_document(ids, [CLS], [SEP], window=4, stride=2)
     assert [c[1:-1] for c in chunks] == [ids[s:e].tolist() for s, e in chunk_spans(11, 4, 2)]
     assert all(c[0] == CLS and c[-1] == SEP and len(c) == 6 for c in chunks)
     assert all(type(t) is int for c in chunks for t in c)
-    assert chunk_document([5, 6], CLS, SEP, window=4, stride=2) == [[CLS, 5, 6, SEP]]
+    assert chunk_document([5, 6], [CLS], [SEP], window=4, stride=2) == [[CLS, 5, 6, SEP]]
 
 
 def test_chunk_document_rejects_special_tokens_inside() -> None:
     with pytest.raises(ValueError, match="add_special_tokens=False"):
-        chunk_document([CLS, 5, 6, SEP], CLS, SEP, window=4, stride=2)
+        chunk_document([CLS, 5, 6, SEP], [CLS], [SEP], window=4, stride=2)
+
+
+def test_chunk_document_gpt_style_has_only_a_suffix() -> None:
+    chunks = chunk_document(list(range(10)), [], [99], window=4, stride=3)
+    assert chunks == [[0, 1, 2, 3, 99], [3, 4, 5, 6, 99], [6, 7, 8, 9, 99]]
 
 
 def test_truncate_head_and_head_tail() -> None:

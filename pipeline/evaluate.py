@@ -1,0 +1,22 @@
+"""`make evaluate`: the dev metrics of a fine-tuned model (see `pipeline.finetune.evaluate`).
+
+python -m pipeline.evaluate ckpt=outputs/finetune/sst2/<run>
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from pipeline.cli import entry_point, user_errors
+from pipeline.finetune import evaluate
+
+
+@hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    with user_errors():
+        evaluate(cfg)
+
+
+if __name__ == "__main__":
+    entry_point(main)

@@ -1,0 +1,435 @@
+"""`make finetune`, `make evaluate`, `make predict`: GLUE-style tasks on a pretrained model.
+
+    python -m pipeline.finetune task=sst2 ckpt=outputs/bert/<run>        # train + evaluate
+    python -m pipeline.evaluate ckpt=outputs/finetune/sst2/<run>         # dev metrics again
+    python -m pipeline.predict ckpt=outputs/finetune/sst2/<run>          # GLUE submission file
+
+Fine-tuning loads the backbone and its tokenizer (`pipeline.task_module.load_backbone`: our
+checkpoint or run folder, an HF folder, or a fine-tuned model), puts a task head on it, trains
+with AdamW, warmup then linear decay, evaluates every split after each epoch, keeps the best
+checkpoint by the task's main metric on the first evaluation split, and writes `results.json`
+(best and final metrics per split) and `labels.json` into the run folder
+`outputs/finetune/<task>/<run_name>/`.
+
+A sweep (`-m optim.lr=2e-5,3e-5 seed=1,2,3`) runs one job per combination;
+`pipeline.sweep.SweepSummary` then prints the median and spread over seeds.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from datamodules.finetune import FinetuneDataModule
+from datamodules.tasks import LabelMap, TaskSpec, save_labels
+from models.config import BertConfig, GPTConfig
+from pipeline.checkpoints import AtomicCheckpointIO, CheckpointExtras
+from pipeline.cli import entry_point, user_errors
+from pipeline.config import ConfigError
+from pipeline.load import read_checkpoint
+from pipeline.loggers import (
+    build_loggers,
+    log_run_end,
+    log_run_start,
+    log_table,
+    saved_wandb_run,
+    tokenizer_fingerprint,
+)
+from pipeline.pretrain import best_precision
+from pipeline.task_module import (
+    Finetuned,
+    HeadSpec,
+    TaskModule,
+    load_backbone,
+    load_finetuned,
+    reinitialize,
+)
+from tokenizer import atomic_path
+
+log = logging.getLogger(__name__)
+
+RESULTS = "results.json"
+
+
+def default_lr(config: BertConfig | GPTConfig) -> float:
+    """The fine-tuning learning rate when `optim.lr` is null, by model width: 2e-5 for large,
+    3e-5 for base (the BERT paper's grid is 2e-5..5e-5), 5e-5 for small/medium and 1e-4 for
+    mini/tiny models (Turc et al. 2019 found the small BERTs want the top of 3e-5..1e-4)."""
+    width = config.d_model
+    if width <= 256:
+        return 1e-4
+    if width <= 512:
+        return 5e-5
+    if width <= 768:
+        return 3e-5
+    return 2e-5
+
+
+def optimizer_factory(cfg: DictConfig, config: BertConfig | GPTConfig):
+    lr = cfg.optim.lr if cfg.optim.get("lr") is not None else default_lr(config)
+    return instantiate(cfg.optim, lr=lr), lr
+
+
+def task_from(node: DictConfig | None) -> TaskSpec:
+    """The `TaskSpec` of a `task` config node; a bad setting is a one-line `ConfigError`."""
+    if node is None:
+        raise ConfigError("no task: choose one with task=<name> (conf/task/), e.g. task=sst2")
+    try:
+        return instantiate(node)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, ValueError):  # TaskDataError, LongTextSpec's checks
+            raise ConfigError(str(cause)) from cause
+        raise
+
+
+def build_datamodule(
+    cfg: DictConfig,
+    task: TaskSpec,
+    tokenizer,
+    kind: str,
+    *,
+    label_map: LabelMap | None = None,
+    predict_task: TaskSpec | None = None,
+) -> FinetuneDataModule:
+    settings = dict(cfg.datamodule)
+    return FinetuneDataModule(
+        task,
+        tokenizer,
+        kind,
+        seed=cfg.seed,
+        label_map=label_map,
+        predict_task=predict_task,
+        **settings,
+    )
+
+
+def head_spec(cfg: DictConfig, task: TaskSpec, label_map: LabelMap) -> HeadSpec:
+    aggregate = None
+    if task.long_text is not None and task.long_text.mode == "window":
+        aggregate = task.long_text.aggregate
+    return HeadSpec(task.name, label_map, tuple(task.ordered_metrics), aggregate, cfg.head.dropout)
+
+
+# --- make finetune -------------------------------------------------------------------------------
+
+
+def finetune(cfg: DictConfig) -> dict[str, Any]:
+    """Train on the task, evaluate, write results.json; returns the results."""
+    if cfg.get("ckpt") is None:
+        raise ConfigError(
+            "ckpt is not set: give the pretrained model, e.g. ckpt=outputs/bert/<run> (a run "
+            "folder, a *.ckpt or an HF folder); with from_scratch=true only its architecture "
+            "and tokenizer are used"
+        )
+    L.seed_everything(cfg.seed, workers=True)
+    run_dir = Path(cfg.paths.output_dir)
+    task = task_from(cfg.get("task"))
+    backbone, tokenizer, kind, family = load_backbone(cfg.ckpt)
+    if cfg.from_scratch:
+        backbone = reinitialize(backbone)
+    datamodule = build_datamodule(cfg, task, tokenizer, kind)
+    datamodule.setup("fit")
+    head = head_spec(cfg, task, datamodule.label_map)
+    optimizer, lr = optimizer_factory(cfg, backbone.config)
+    module = TaskModule(
+        backbone, head, datamodule.eval_splits, optimizer, instantiate(cfg.schedule)
+    )
+    checkpoint = ModelCheckpoint(
+        dirpath=run_dir / "checkpoints",
+        filename="best",
+        monitor=module.main_metric_key,
+        mode="max",
+        save_top_k=1,
+        save_last=True,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
+    )
+    config = OmegaConf.to_container(cfg, resolve=True)
+    # fine-tunes of a checkpoint join its wandb project and group
+    pretraining = saved_wandb_run(checkpoint_file_of(cfg.ckpt))
+    loggers = build_loggers(
+        cfg,
+        run_dir,
+        project=pretraining.get("project"),
+        group=pretraining.get("group") or Path(str(cfg.ckpt)).name,
+        name=f"{task.name}-{run_dir.name}",
+        job_type="finetune",
+    )
+    trainer = instantiate(
+        cfg.trainer,
+        precision=cfg.trainer.precision or best_precision(),
+        logger=loggers or False,
+        callbacks=[CheckpointExtras(tokenizer, kind, config), checkpoint],
+        plugins=[AtomicCheckpointIO()],
+    )
+    if trainer.is_global_zero:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_labels(run_dir / "labels.json", datamodule.label_map)
+        log_run_start(
+            trainer.loggers,
+            cfg,
+            parameters=sum(p.numel() for p in module.parameters()),
+            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+            task=task.name,
+        )
+        source = f"random init ({family} as in {cfg.ckpt})" if cfg.from_scratch else cfg.ckpt
+        print(
+            f"fine-tuning {family} ({source}) on {task.name}: "
+            f"{len(datamodule.examples(task.train_split)):,} training examples, "
+            f"eval on {', '.join(datamodule.eval_splits)}; lr {lr:g}; run folder {run_dir}"
+        )
+    trainer.fit(module, datamodule=datamodule)
+    final = split_metrics(trainer.callback_metrics, datamodule.eval_splits)
+    best_path = checkpoint.best_model_path or checkpoint.last_model_path
+    best_checkpoint = read_checkpoint(best_path)
+    loggers, trainer.loggers = trainer.loggers, []  # the history already holds these values
+    best = trainer.validate(module, datamodule=datamodule, ckpt_path=best_path, verbose=False)
+    trainer.loggers = loggers
+    results = {
+        "task": task.name,
+        "seed": cfg.seed,
+        "lr": lr,
+        "init": "random" if cfg.from_scratch else str(cfg.ckpt),
+        "backbone": str(cfg.ckpt),
+        "main_metric": head.metrics[0],
+        "main_split": datamodule.eval_splits[0],
+        "overrides": job_overrides(),
+        "best": {
+            "epoch": int(best_checkpoint.get("epoch", 0)),
+            "step": int(best_checkpoint.get("global_step", 0)),
+            "checkpoint": str(best_path),
+            "metrics": split_metrics(merge(best), datamodule.eval_splits),
+        },
+        "final": {"step": trainer.global_step, "metrics": final},
+    }
+    if trainer.is_global_zero:
+        write_json(run_dir / RESULTS, results)
+        rows = [
+            [task.name, split, name, value, cfg.seed, lr, results["init"]]
+            for split, values in results["best"]["metrics"].items()
+            for name, value in values.items()
+        ]
+        columns = ["task", "split", "metric", "value", "seed", "lr", "init"]
+        log_table(trainer.loggers, "results", columns, rows)
+        tracking = log_run_end(trainer.loggers, results=str(run_dir / RESULTS))
+        print_finetune_summary(results, run_dir, tracking)
+    return results
+
+
+def checkpoint_file_of(ckpt: str) -> dict[str, Any] | None:
+    """The contents of our checkpoint that `ckpt` names (a file or run folder), else None (an
+    HF folder)."""
+    path = Path(str(ckpt)).expanduser()
+    if path.is_dir():
+        path = path / "checkpoints" / "last.ckpt"
+    return read_checkpoint(path) if path.suffix == ".ckpt" and path.is_file() else None
+
+
+def merge(results: list[dict[str, float]]) -> dict[str, float]:
+    """`trainer.validate` returns one dict per dataloader (with shared keys); one dict."""
+    merged: dict[str, float] = {}
+    for entry in results:
+        merged.update(entry)
+    return merged
+
+
+def split_metrics(logged: dict[str, Any], splits: list[str]) -> dict[str, dict[str, float]]:
+    """{split: {metric: value}} from logged `val/<split>/<metric>` keys (Lightning appends
+    `/dataloader_idx_<i>` to keys logged under a dataloader; those are folded back)."""
+    out: dict[str, dict[str, float]] = {split: {} for split in splits}
+    for key, value in logged.items():
+        parts = key.split("/")
+        if len(parts) >= 3 and parts[0] == "val" and parts[1] in out:
+            out[parts[1]][parts[2]] = float(value)
+    return out
+
+
+def job_overrides() -> list[str]:
+    """This job's command-line overrides (a sweep groups jobs by them)."""
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # not under @hydra.main (tests building the config by hand)
+        return []
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+def print_finetune_summary(
+    results: dict[str, Any], run_dir: Path, tracking: dict[str, str] | None = None
+) -> None:
+    best = results["best"]
+    print(
+        f"\nbest at epoch {best['epoch'] + 1} (step {best['step']}), chosen by "
+        f"{results['main_split']} {results['main_metric']}:"
+    )
+    for split, metrics in best["metrics"].items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "loss")
+        print(f"  {split:<15} {shown}")
+    print(f"  results     {run_dir / RESULTS}")
+    print(f"  checkpoint  {best['checkpoint']}")
+    for name, where in (tracking or {}).items():
+        print(f"  {name:<11} {where}")
+    print(f"next: make evaluate ckpt={run_dir}")
+    print(f"      make predict ckpt={run_dir}   (the task's test split, or predict.file=PATH)")
+
+
+# --- make evaluate / make predict ---------------------------------------------------------------
+
+
+def saved_or_given(cfg: DictConfig, tuned: Finetuned) -> tuple[TaskSpec, dict[str, Any]]:
+    """The task and batch settings of an evaluate/predict run.
+
+    The task is the one given on the command line, else the one the model was fine-tuned on
+    (saved in its checkpoint, long-text settings included). `datamodule.max_seq_len` null
+    means the fine-tuning value; the other batch settings are the command line's."""
+    saved = OmegaConf.create(tuned.config)
+    task_node = cfg.task if cfg.get("task") is not None else saved.get("task")
+    if task_node is None:
+        raise ConfigError(f"{tuned.source} records no task; give one with task=<name>")
+    task = task_from(task_node)
+    settings = dict(OmegaConf.to_container(cfg.datamodule, resolve=True))
+    if settings.get("max_seq_len") is None:
+        settings["max_seq_len"] = OmegaConf.select(saved, "datamodule.max_seq_len", default=128)
+    return task, settings
+
+
+def check_labels(task: TaskSpec, model_labels: LabelMap) -> None:
+    given = LabelMap(task.kind, tuple(task.labels or ())) if task.labels is not None else None
+    if model_labels.kind != task.kind or (given is not None and given != model_labels):
+        raise ConfigError(
+            f"task {task.name!r} ({task.kind}, labels {task.labels}) does not match the model's "
+            f"head ({model_labels.kind}, labels {list(model_labels.labels)}); evaluate on the "
+            "task it was fine-tuned on"
+        )
+
+
+def inference_setup(cfg: DictConfig, predict_file: str | None = None):
+    tuned = load_finetuned(cfg.ckpt)
+    task, settings = saved_or_given(cfg, tuned)
+    check_labels(task, tuned.module.head.label_map)
+    predict_task = task.prediction_spec(predict_file) if predict_file or task.predict else None
+    module = tuned.module
+    module.set_eval_splits(task.eval_splits)
+    datamodule = FinetuneDataModule(
+        task,
+        tuned.tokenizer,
+        tuned.tokenizer_kind,
+        label_map=tuned.module.head.label_map,
+        predict_task=predict_task,
+        seed=cfg.seed,
+        **settings,
+    )
+    trainer = L.Trainer(
+        accelerator=cfg.trainer.accelerator,
+        devices=1,
+        precision=cfg.trainer.precision or best_precision(),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    return tuned, task, module, datamodule, trainer
+
+
+def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
+    """Dev metrics of a fine-tuned model; printed and written beside its checkpoint."""
+    tuned, task, module, datamodule, trainer = inference_setup(cfg)
+    datamodule.setup("validate")
+    metrics = split_metrics(
+        merge(trainer.validate(module, datamodule=datamodule, verbose=False)),
+        datamodule.eval_splits,
+    )
+    out = run_folder_of(tuned.source) / f"eval_{task.name}.json"
+    write_json(out, {"task": task.name, "checkpoint": str(tuned.source), "metrics": metrics})
+    for split, values in metrics.items():
+        print(f"{task.name} {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))
+    print(f"written to {out}")
+    return metrics
+
+
+def run_folder_of(checkpoint: Path) -> Path:
+    return (
+        checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    )
+
+
+def predict(cfg: DictConfig) -> list[Path]:
+    """Predictions for the task's unlabelled splits (or `predict.file`), one file per split:
+    GLUE submission TSVs (`index`, `prediction`), or for `predict.file` one row per document
+    with the class probabilities too."""
+    file = cfg.predict.file
+    tuned, task, module, datamodule, trainer = inference_setup(cfg, predict_file=file)
+    datamodule.setup("predict")
+    outputs = trainer.predict(module, datamodule=datamodule)
+    if len(datamodule.predict_splits) == 1:
+        outputs = [outputs]
+    out_dir = (
+        Path(cfg.predict.out_dir)
+        if cfg.predict.out_dir
+        else run_folder_of(tuned.source) / "predictions"
+    )
+    label_map = module.head.label_map
+    written = []
+    for split, batches in zip(datamodule.predict_splits, outputs, strict=True):
+        order = torch.cat([b["example_index"] for b in batches])
+        scores = torch.cat([b["scores"] for b in batches])[order.argsort()]
+        examples = datamodule.examples(split)
+        name = "predictions.tsv" if file else task.submission_name(split)
+        path = out_dir / name
+        write_predictions(path, examples, scores, label_map, with_scores=bool(file))
+        written.append(path)
+        print(f"{split}: {len(examples):,} predictions -> {path}")
+    return written
+
+
+def write_predictions(
+    path: Path, examples, scores: torch.Tensor, label_map: LabelMap, *, with_scores: bool
+) -> None:
+    if label_map.kind == "regression":
+        values = [f"{float(v):.4f}" for v in scores.squeeze(-1)]
+        header, extra = ["index", "prediction"], [[] for _ in values]
+    else:
+        ids = scores.argmax(-1).tolist()
+        values = [label_map.labels[i] for i in ids]
+        probs = scores.softmax(-1)
+        header = ["index", "prediction"] + (
+            [f"p_{label}" for label in label_map.labels] if with_scores else []
+        )
+        extra = [[f"{p:.4f}" for p in row.tolist()] if with_scores else [] for row in probs]
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
+        writer.writerow(header)
+        for example, value, more in zip(examples, values, extra, strict=True):
+            writer.writerow([example.id, value, *more])
+
+
+# --- entry points --------------------------------------------------------------------------------
+
+
+@hydra.main(config_path="../conf", config_name="finetune", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    with user_errors():
+        results = finetune(cfg)
+        value = results["best"]["metrics"][results["main_split"]].get(results["main_metric"])
+        return value if value is not None and math.isfinite(value) else float("nan")
+
+
+if __name__ == "__main__":
+    entry_point(main)

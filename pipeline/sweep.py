@@ -1,0 +1,112 @@
+"""Summary of a fine-tuning sweep: the median and spread over seeds of each setting.
+
+    make finetune task=rte ckpt=... -m optim.lr=2e-5,3e-5,5e-5 seed=1,2,3
+
+runs one job per combination, each writing `results.json` into its numbered folder of the sweep
+folder. `SweepSummary` (a Hydra callback, `hydra.callbacks` in conf/finetune.yaml) then groups
+the jobs by their overrides other than `seed`, prints a table (n seeds, median, min, max, std of
+the main metric on the main split) and writes `sweep_summary.json` and `sweep_summary.md` beside
+them. `summarize_sweep(folder)` does the same for a finished sweep folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from tokenizer import atomic_path
+
+log = logging.getLogger(__name__)
+
+SEED_KEYS = ("seed",)
+
+
+def setting_of(overrides: list[str], common: set[str] = frozenset()) -> str:
+    """The overrides that define a setting: all but the seed and those every job shares,
+    sorted ("" when only seeds vary)."""
+    kept = [
+        o for o in overrides if o not in common and o.split("=", 1)[0].lstrip("+~") not in SEED_KEYS
+    ]
+    return " ".join(sorted(kept))
+
+
+def summarize_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per setting: the main metric's median, min, max and std over its seeds."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    common = set.intersection(*(set(r.get("overrides", [])) for r in results)) if results else set()
+    for result in results:
+        groups[setting_of(result.get("overrides", []), common)].append(result)
+    rows = []
+    for setting, members in sorted(groups.items()):
+        first = members[0]
+        metric, split = first["main_metric"], first["main_split"]
+        values = [m["best"]["metrics"][split][metric] for m in members]
+        rows.append(
+            {
+                "setting": setting or "(default)",
+                "task": first["task"],
+                "metric": f"{split}/{metric}",
+                "seeds": sorted(m["seed"] for m in members),
+                "values": values,
+                "median": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            }
+        )
+    return rows
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table."""
+    lines = [
+        "| setting | metric | seeds | median | min | max | std |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['setting']} | {r['task']} {r['metric']} | {len(r['seeds'])} | "
+            f"{r['median']:.4f} | {r['min']:.4f} | {r['max']:.4f} | {r['std']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def summarize_sweep(folder: str | Path) -> list[dict[str, Any]]:
+    """Read every `*/results.json` of a sweep folder, write the summary files, return the rows.
+
+    Raises:
+        FileNotFoundError: no job of the folder finished (no results.json).
+    """
+    folder = Path(folder)
+    files = sorted(folder.glob("*/results.json"))
+    if not files:
+        raise FileNotFoundError(
+            f"{folder} holds no */results.json: no job of the sweep finished (see the jobs' logs)"
+        )
+    rows = summarize_results([json.loads(f.read_text(encoding="utf-8")) for f in files])
+    with atomic_path(folder / "sweep_summary.json") as tmp:
+        tmp.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    with atomic_path(folder / "sweep_summary.md") as tmp:
+        tmp.write_text(summary_table(rows) + "\n", encoding="utf-8")
+    return rows
+
+
+class SweepSummary(Callback):
+    """Prints and saves the sweep summary when a Hydra multirun ends."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = Path(config.hydra.sweep.dir)
+        try:
+            rows = summarize_sweep(folder)
+        except FileNotFoundError as err:
+            log.warning("%s", err)
+            return
+        print(f"\nsweep summary (median and spread over seeds), {folder}:")
+        print(summary_table(rows))

@@ -1,0 +1,314 @@
+"""The fine-tuning LightningModule: a pretrained backbone with a sequence head, trained on one
+task and scored with the task's GLUE metrics, one metric set per evaluation split.
+
+Thin, like the pretraining modules: the head math is `models.heads` (`SequenceClassifier`,
+`DocumentClassifier` for sliding-window documents), the batches come from
+`datamodules.finetune.FinetuneDataModule`, the metrics from `pipeline.task_metrics`.
+
+Logged: `train/loss` and `train/lr` per step; per evaluation split `val/<split>/loss` and
+`val/<split>/<metric>` (e.g. `val/dev_matched/accuracy`).
+
+A fine-tuned checkpoint holds, besides Lightning's entries, `model_config` (the backbone's
+architecture), `tokenizer`, `config` (the resolved run config) and `finetune` (task, labels,
+head settings), so `load_finetuned` rebuilds the model from the file alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from tokenizers import Tokenizer
+from torch import nn
+
+from datamodules.tasks import LabelMap
+from models.bert import BertForPreTraining, BertModel
+from models.config import BertConfig, GPTConfig
+from models.gpt import GPT, GPTModel
+from models.heads import DocumentClassifier, SequenceClassifier, sequence_loss
+from pipeline.checkpoints import model_config_record
+from pipeline.load import (
+    STATE_PREFIX,
+    CheckpointLoadError,
+    checkpoint_model_config,
+    checkpoint_tokenizer,
+    load_pretrained,
+    read_checkpoint,
+)
+from pipeline.optim import build_optimizer
+from pipeline.task_metrics import task_metrics
+
+log = logging.getLogger(__name__)
+
+BACKBONES = {"bert": BertModel, "gpt": GPTModel}
+FINETUNE_KEY = "finetune"  # the checkpoint entry that marks (and describes) a fine-tuned model
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """What the head predicts: the task's labels and metrics, and how documents are pooled.
+
+    Attributes:
+        task: the task name.
+        label_map: class names <-> ids (regression: one output).
+        metrics: metric names, main one first (the one that selects the best checkpoint).
+        aggregate: for sliding-window documents, "mean", "max" or "attention"; None for
+            single sequences.
+        dropout: dropout before the output layer.
+    """
+
+    task: str
+    label_map: LabelMap
+    metrics: tuple[str, ...]
+    aggregate: str | None = None
+    dropout: float = 0.1
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "kind": self.label_map.kind,
+            "labels": list(self.label_map.labels),
+            "metrics": list(self.metrics),
+            "aggregate": self.aggregate,
+            "dropout": self.dropout,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> HeadSpec:
+        return cls(
+            task=record["task"],
+            label_map=LabelMap(record["kind"], tuple(record["labels"])),
+            metrics=tuple(record["metrics"]),
+            aggregate=record.get("aggregate"),
+            dropout=float(record.get("dropout", 0.1)),
+        )
+
+
+def build_head(backbone: nn.Module, head: HeadSpec) -> SequenceClassifier | DocumentClassifier:
+    """The task model on `backbone` (a pretraining model's LM heads are dropped)."""
+    classifier = SequenceClassifier(backbone, head.label_map.num_labels, dropout=head.dropout)
+    if head.aggregate is None:
+        return classifier
+    return DocumentClassifier(classifier, head.aggregate)
+
+
+class TaskModule(L.LightningModule):
+    """Fine-tunes `backbone` on a task.
+
+    Args:
+        backbone: `BertForPreTraining`/`BertModel` or `GPT`/`GPTModel` with trained (or fresh)
+            weights.
+        head: the task's labels, metrics and document pooling.
+        eval_splits: names of the evaluation splits, in `val_dataloader()` order.
+        optimizer: a partial optimizer (`conf/optim/`), bound here with weight-decay groups.
+        scheduler: a partial schedule (`conf/schedule/`), bound with the optimizer and the
+            run's total optimizer steps.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        head: HeadSpec,
+        eval_splits: list[str],
+        optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+        scheduler: Callable[..., Any] | None = None,
+    ) -> None:
+        super().__init__()
+        # train mode: a loaded backbone comes in eval mode, and Lightning keeps modes as found
+        self.model = build_head(backbone, head).train()
+        self.head = head
+        self.model_config: BertConfig | GPTConfig = backbone.config
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        self.set_eval_splits(eval_splits)
+
+    def set_eval_splits(self, eval_splits: list[str]) -> None:
+        """Evaluate on these splits (in `val_dataloader()` order), each with its own metrics."""
+        if not eval_splits:
+            raise ValueError("a task needs at least one evaluation split")
+        self.eval_splits = list(eval_splits)
+        metrics = task_metrics(list(self.head.metrics), self.head.label_map.num_labels)
+        self.val_metrics = nn.ModuleList([metrics.clone() for _ in self.eval_splits])
+        self._val_loss: list[list[tuple[float, int]]] = [[] for _ in self.eval_splits]
+
+    @property
+    def main_metric_key(self) -> str:
+        """The logged key that selects the best checkpoint: the main metric on the first split."""
+        return f"val/{self.eval_splits[0]}/{self.head.metrics[0]}"
+
+    def scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores to train on, one row per document/sequence scores) of a batch.
+
+        Sliding-window "mean"/"max" trains on each chunk with its document's label; everything
+        else trains on the per-sequence (per-document) scores."""
+        inputs = {k: batch[k] for k in ("attention_mask", "token_type_ids")}
+        if "chunk_doc" not in batch:
+            scores = self.model(batch["input_ids"], **inputs)
+            return scores, scores
+        chunk_scores, doc_scores = self.model(
+            batch["input_ids"], batch["chunk_doc"], len(batch["labels"]), **inputs
+        )
+        return (doc_scores if chunk_scores is None else chunk_scores), doc_scores
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        train_scores, _ = self.scores(batch)
+        labels = batch["labels"]
+        if "chunk_doc" in batch and len(train_scores) != len(labels):
+            labels = labels[batch["chunk_doc"]]  # each chunk learns its document's label
+        loss = sequence_loss(train_scores, labels)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(labels))
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.log("train/lr", optimizer.param_groups[0]["lr"])
+
+    def validation_step(
+        self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        _, scores = self.scores(batch)
+        labels = batch["labels"]
+        loss = sequence_loss(scores, labels)
+        self._val_loss[dataloader_idx].append((float(loss), len(labels)))
+        self.val_metrics[dataloader_idx].update(scores.float(), labels)
+
+    def on_validation_epoch_end(self) -> None:
+        for index, split in enumerate(self.eval_splits):
+            losses = self._val_loss[index]
+            if losses:
+                total = sum(n for _, n in losses)
+                self.log(f"val/{split}/loss", sum(v * n for v, n in losses) / total)
+            for name, value in self.val_metrics[index].compute().items():
+                self.log(f"val/{split}/{name}", value, prog_bar=index == 0)
+            self.val_metrics[index].reset()
+            losses.clear()
+
+    def predict_step(
+        self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> dict[str, torch.Tensor]:
+        _, scores = self.scores(batch)
+        return {"example_index": batch["example_index"], "scores": scores.float().cpu()}
+
+    def configure_optimizers(self):
+        if self.optimizer_factory is None or self.scheduler_factory is None:
+            raise RuntimeError("TaskModule was built without an optimizer and schedule")
+        optimizer = build_optimizer(self.model, self.optimizer_factory)
+        schedule = self.scheduler_factory(
+            optimizer, total_steps=self.trainer.estimated_stepping_batches
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[FINETUNE_KEY] = self.head.record()
+        checkpoint["model_config"] = model_config_record(self.model_config)
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Finetuned:
+    """A fine-tuned model (eval mode, CPU) with its tokenizer and head settings."""
+
+    module: TaskModule
+    tokenizer: Tokenizer
+    tokenizer_kind: str
+    family: str
+    source: Path
+    config: dict[str, Any]
+
+
+def finetuned_checkpoint(path: str | os.PathLike) -> Path | None:
+    """The fine-tuned checkpoint `path` names (a file, or a fine-tuning run folder's best
+    checkpoint), or None when it is not one (a pretraining checkpoint or an HF folder)."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        candidates = [path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt"]
+        path = next((c for c in candidates if c.is_file()), path)
+    if path.is_file() and path.suffix == ".ckpt":
+        checkpoint = read_checkpoint(path)
+        return path if FINETUNE_KEY in checkpoint else None
+    return None
+
+
+def load_finetuned(path: str | os.PathLike) -> Finetuned:
+    """Load a fine-tuned model from its checkpoint file or run folder.
+
+    Raises:
+        CheckpointLoadError: the path is missing, unreadable, or not a fine-tuned checkpoint
+            (the message says what it is instead and what to give).
+    """
+    if not Path(path).expanduser().exists():
+        raise CheckpointLoadError(
+            f"ckpt={str(path)!r} does not exist; give a fine-tuning run folder "
+            "(outputs/finetune/<task>/<run>/) or its checkpoints/best.ckpt"
+        )
+    file = finetuned_checkpoint(path)
+    if file is None:
+        raise CheckpointLoadError(
+            f"{path} is not a fine-tuned model (no {FINETUNE_KEY!r} entry): it looks like a "
+            "pretrained one; fine-tune it first with `make finetune task=... ckpt=...`"
+        )
+    checkpoint = read_checkpoint(file)
+    family, config = checkpoint_model_config(file, checkpoint.get("model_config"))
+    tokenizer, kind = checkpoint_tokenizer(file, checkpoint.get("tokenizer"))
+    try:
+        head = HeadSpec.from_record(checkpoint[FINETUNE_KEY])
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointLoadError(f"{file}: damaged {FINETUNE_KEY!r} entry ({err!r})") from err
+    module = TaskModule(BACKBONES[family](config), head, eval_splits=["dev"])
+    state = {
+        key.removeprefix(STATE_PREFIX): value
+        for key, value in checkpoint["state_dict"].items()
+        if key.startswith(STATE_PREFIX)
+    }
+    try:
+        module.model.load_state_dict(state)
+    except RuntimeError as err:
+        raise CheckpointLoadError(
+            f"{file}: the weights do not fit the stored architecture "
+            f"({str(err).splitlines()[0]}); the file is damaged or was edited"
+        ) from err
+    module.eval()
+    return Finetuned(module, tokenizer, kind, family, file, dict(checkpoint.get("config") or {}))
+
+
+def load_backbone(path: str | os.PathLike) -> tuple[nn.Module, Tokenizer, str, str]:
+    """The backbone to fine-tune and its tokenizer: (model, tokenizer, tokenizer kind, family).
+
+    Takes a pretraining checkpoint or run folder, an HF folder (ours or any BERT/Llama one the
+    models package imports), or a fine-tuned model (its backbone, e.g. MNLI -> RTE)."""
+    if finetuned_checkpoint(path) is not None:
+        tuned = load_finetuned(path)
+        model = tuned.module.model
+        classifier = model.classifier if isinstance(model, DocumentClassifier) else model
+        return classifier.backbone, tuned.tokenizer, tuned.tokenizer_kind, tuned.family
+    pretrained = load_pretrained(path)
+    return pretrained.model, pretrained.tokenizer, pretrained.tokenizer_kind, pretrained.family
+
+
+def reinitialize(backbone: nn.Module) -> nn.Module:
+    """The same architecture with fresh weights (the from-scratch baseline)."""
+    fresh = {
+        BertForPreTraining: BertForPreTraining,
+        BertModel: BertModel,
+        GPT: GPT,
+        GPTModel: GPTModel,
+    }[type(backbone)]
+    return fresh(backbone.config)
+
+
+__all__ = [
+    "Finetuned",
+    "HeadSpec",
+    "TaskModule",
+    "build_head",
+    "finetuned_checkpoint",
+    "load_backbone",
+    "load_finetuned",
+    "reinitialize",
+]

@@ -1,0 +1,357 @@
+"""`make finetune` / `make evaluate` / `make predict` end to end on slices of the real GLUE data
+and the long IMDB reviews, with tiny BERT and GPT checkpoints written as `make pretrain`
+writes them."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from datamodules.tasks import load_labels
+from pipeline.config import ConfigError
+from pipeline.finetune import default_lr, evaluate, finetune, predict, split_metrics
+from pipeline.load import CheckpointLoadError
+from pipeline.task_module import load_backbone, load_finetuned
+from tests.conftest import CONF, SHARED_DATA
+from tests.pipeline.test_generate import run_cli
+from tests.pipeline.tiny_models import write_run
+
+GLUE = SHARED_DATA / "glue"
+LONG_DOCS = SHARED_DATA / "long_docs"
+pytestmark = pytest.mark.skipif(not GLUE.is_dir(), reason=f"GLUE data not found at {GLUE}")
+
+# task config -> folder with train.tsv and dev.tsv in ../shared/data/glue
+GLUE_TASKS = {
+    "cola": "CoLA",
+    "sst2": "SST-2",
+    "mrpc": "MRPC",
+    "stsb": "STS-B",
+    "rte": "RTE",
+    "wnli": "WNLI",
+}
+
+
+def compose_config(name: str, *overrides: str, run_dir: Path | None = None):
+    """conf/<name>.yaml composed as the CLI would, CPU-only, quiet, outputs in `run_dir`."""
+    from pipeline.cli import register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose(
+            name,
+            overrides=[
+                "trainer.accelerator=cpu",
+                "+trainer.enable_progress_bar=false",
+                "+trainer.enable_model_summary=false",
+                "logger=csv",
+                *overrides,
+            ],
+        )
+    OmegaConf.set_struct(cfg, False)
+    cfg.paths.output_dir = str(run_dir or "unused")
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def bert_ckpt(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("pretrained") / "bert"
+    write_run(run, "bert")
+    return run
+
+
+@pytest.fixture(scope="module")
+def gpt_ckpt(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("pretrained") / "gpt"
+    write_run(run, "gpt")
+    return run
+
+
+QUICK = ("datamodule.max_examples=48", "datamodule.batch_size=16", "trainer.max_epochs=1")
+
+
+def run_finetune(tmp_path, ckpt, *overrides, data_dir: Path | None = None):
+    run_dir = tmp_path / "run"
+    extra = [f"task.data_dir={data_dir}"] if data_dir is not None else []
+    cfg = compose_config("finetune", f"ckpt={ckpt}", *QUICK, *extra, *overrides, run_dir=run_dir)
+    return finetune(cfg), run_dir
+
+
+@pytest.mark.parametrize("task", sorted(GLUE_TASKS))
+def test_every_glue_task_trains_and_reports_its_metrics(task, bert_ckpt, tmp_path):
+    results, run_dir = run_finetune(
+        tmp_path, bert_ckpt, f"task={task}", data_dir=GLUE / GLUE_TASKS[task]
+    )
+    on_disk = json.loads((run_dir / "results.json").read_text())
+    assert on_disk == results
+    spec = instantiate(compose_config("finetune", f"task={task}").task)
+    metrics = results["best"]["metrics"]["dev"]
+    assert set(spec.metrics) <= set(metrics)
+    assert results["main_metric"] == spec.main_metric and results["main_split"] == "dev"
+    for name in spec.metrics:
+        low = -1.0 if name in ("matthews", "pearson", "spearman") else 0.0
+        assert low <= metrics[name] <= 1.0
+    assert results["best"]["step"] == 3  # 48 examples / 16 per batch, one epoch
+    assert (run_dir / "checkpoints" / "best.ckpt").is_file()
+    labels = load_labels(run_dir / "labels.json")
+    assert labels.kind == spec.kind and list(labels.labels) == list(spec.labels or [])
+
+
+def test_best_checkpoint_is_chosen_by_the_main_metric_and_evaluate_reproduces_it(
+    bert_ckpt, tmp_path
+):
+    results, run_dir = run_finetune(
+        tmp_path,
+        bert_ckpt,
+        "task=mrpc",
+        "trainer.max_epochs=3",
+        "task=sst2",
+        "optim.lr=1e-3",  # big steps: the dev accuracy moves between epochs
+        "datamodule.max_examples=96",
+        data_dir=GLUE / "SST-2",
+    )
+    history = read_metrics(run_dir / "logs" / "metrics.csv", "val/dev/accuracy")
+    assert len(history) == 3
+    best_epoch = max(range(3), key=lambda e: (history[e], -e))  # the first of equal bests
+    assert results["best"]["epoch"] == best_epoch
+    assert results["best"]["metrics"]["dev"]["accuracy"] == pytest.approx(history[best_epoch])
+    assert results["final"]["metrics"]["dev"]["accuracy"] == pytest.approx(history[-1])
+
+    cfg = compose_config(
+        "evaluate", f"ckpt={run_dir}", "datamodule.max_examples=96", run_dir=tmp_path / "eval"
+    )
+    again = evaluate(cfg)
+    for name, value in results["best"]["metrics"]["dev"].items():
+        assert again["dev"][name] == pytest.approx(value, abs=1e-5), name
+    assert json.loads((run_dir / "eval_sst2.json").read_text())["metrics"] == again
+
+
+def read_metrics(path: Path, column: str) -> list[float]:
+    with open(path) as handle:
+        return [float(row[column]) for row in csv.DictReader(handle) if row.get(column)]
+
+
+def test_mnli_matched_and_mismatched_are_reported_apart(bert_ckpt, tmp_path):
+    # conf/task/mnli.yaml on files in the MNLI layout, built from RTE rows; the mismatched dev
+    # file has the labels flipped, so a pooled score would differ from each split's own.
+    data = tmp_path / "mnli"
+    data.mkdir()
+    rows = [r.split("\t") for r in (GLUE / "RTE" / "dev.tsv").read_text().splitlines()[1:41]]
+    to_mnli = {"entailment": "entailment", "not_entailment": "contradiction"}
+    flip = {"entailment": "contradiction", "contradiction": "entailment"}
+    header = "index\tsentence1\tsentence2\tgold_label"
+    labelled = [[i, a, b, to_mnli[y]] for i, a, b, y in rows]
+    for name, part in (
+        ("train", labelled),
+        ("dev_matched", labelled),
+        ("dev_mismatched", [[i, a, b, flip[y]] for i, a, b, y in labelled]),
+    ):
+        lines = [header, *("\t".join(r) for r in part)]
+        (data / f"{name}.tsv").write_text("\n".join(lines) + "\n")
+    results, _ = run_finetune(tmp_path, bert_ckpt, "task=mnli", data_dir=data)
+    best = results["best"]["metrics"]
+    assert set(best) == {"dev_matched", "dev_mismatched"}
+    # the same predictions scored against opposite labels (no "neutral" gold labels): the
+    # accuracies add up to at most one
+    total = best["dev_matched"]["accuracy"] + best["dev_mismatched"]["accuracy"]
+    assert total <= 1.0 + 1e-6
+    assert results["main_split"] == "dev_matched"
+
+
+def test_gpt_backbone_fine_tunes_on_the_last_token(gpt_ckpt, tmp_path):
+    results, run_dir = run_finetune(tmp_path, gpt_ckpt, "task=rte", data_dir=GLUE / "RTE")
+    assert 0 <= results["best"]["metrics"]["dev"]["accuracy"] <= 1
+    tuned = load_finetuned(run_dir)
+    assert tuned.family == "gpt" and tuned.tokenizer_kind == "bpe"
+
+
+def test_from_scratch_keeps_the_architecture_but_not_the_weights(bert_ckpt, tmp_path):
+    pretrained, *_ = load_backbone(bert_ckpt)
+    _, run_dir = run_finetune(
+        tmp_path, bert_ckpt, "task=sst2", "from_scratch=true", data_dir=GLUE / "SST-2"
+    )
+    tuned = load_finetuned(run_dir).module.model.backbone
+    assert tuned.config == pretrained.config
+    word = "embeddings.word.weight"
+    before = dict(pretrained.named_parameters())
+    after = dict(tuned.named_parameters())
+    name = next(n for n in after if n.endswith(word) or "word" in n)
+    assert not torch.allclose(after[name], before[f"bert.{name}"], atol=1e-2)
+
+
+def test_fine_tuned_model_can_be_fine_tuned_again(bert_ckpt, tmp_path):
+    _, first = run_finetune(tmp_path / "a", bert_ckpt, "task=sst2", data_dir=GLUE / "SST-2")
+    backbone, _, kind, family = load_backbone(first)
+    tuned = load_finetuned(first).module.model.backbone
+    assert backbone is tuned or torch.equal(next(backbone.parameters()), next(tuned.parameters()))
+    assert (family, kind) == ("bert", "wordpiece")
+    results, _ = run_finetune(tmp_path / "b", first, "task=rte", data_dir=GLUE / "RTE")
+    assert results["backbone"] == str(first)
+
+
+def test_predict_writes_the_glue_submission_format(bert_ckpt, tmp_path):
+    _, run_dir = run_finetune(tmp_path, bert_ckpt, "task=rte", data_dir=GLUE / "RTE")
+    # GLUE's test.tsv: an index column and the texts, no label
+    test = tmp_path / "test.tsv"
+    rows = (GLUE / "RTE" / "dev.tsv").read_text().splitlines()[:11]
+    test.write_text("\n".join("\t".join(r.split("\t")[:3]) for r in rows) + "\n")
+    cfg = compose_config(
+        "predict",
+        f"ckpt={run_dir}",
+        "task=rte",
+        f"task.data_dir={tmp_path}",
+        "task.predict.files={test: test.tsv}",
+        f"predict.out_dir={tmp_path / 'out'}",
+    )
+    [path] = predict(cfg)
+    assert path.name == "RTE.tsv"
+    lines = path.read_text().splitlines()
+    assert lines[0] == "index\tprediction"
+    assert [line.split("\t")[0] for line in lines[1:]] == [r.split("\t")[0] for r in rows[1:]]
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"entailment", "not_entailment"}
+
+
+def test_evaluate_refuses_a_task_with_other_labels(bert_ckpt, tmp_path):
+    _, run_dir = run_finetune(tmp_path, bert_ckpt, "task=stsb", data_dir=GLUE / "STS-B")
+    cfg = compose_config("evaluate", f"ckpt={run_dir}", "task=rte")
+    with pytest.raises(ConfigError, match="does not match the model's head"):
+        evaluate(cfg)
+
+
+def test_evaluate_refuses_a_pretraining_checkpoint(bert_ckpt):
+    cfg = compose_config("evaluate", f"ckpt={bert_ckpt}")
+    with pytest.raises(CheckpointLoadError, match="fine-tune it first"):
+        evaluate(cfg)
+
+
+def test_custom_task_from_jsonl_collects_and_saves_its_labels(bert_ckpt, tmp_path):
+    data = tmp_path / "reviews"
+    data.mkdir()
+    sentences = [
+        line.split("\t") for line in (GLUE / "SST-2" / "train.tsv").read_text().splitlines()[1:91]
+    ]
+    stars = {"0": "bad", "1": "good"}
+    for split, part in (("train", sentences[:60]), ("dev", sentences[60:])):
+        with open(data / f"{split}.jsonl", "w") as handle:
+            for text, label in part:
+                handle.write(json.dumps({"review": text, "stars": stars[label]}) + "\n")
+    results, run_dir = run_finetune(
+        tmp_path,
+        bert_ckpt,
+        "task=custom",
+        f"task.data_dir={data}",
+        "task.files={train: train.jsonl, dev: dev.jsonl}",
+        "task.text_columns=[review]",
+        "task.label_column=stars",
+    )
+    assert list(load_labels(run_dir / "labels.json").labels) == ["bad", "good"]
+    assert list(load_finetuned(run_dir).module.head.label_map.labels) == ["bad", "good"]
+    assert "accuracy" in results["best"]["metrics"]["dev"]
+
+
+@pytest.mark.skipif(not LONG_DOCS.is_dir(), reason=f"long documents not found at {LONG_DOCS}")
+@pytest.mark.parametrize(
+    "mode",
+    [
+        ("task.long_text.mode=window", "task.long_text.aggregate=mean"),
+        (
+            "task.long_text.mode=window",
+            "task.long_text.aggregate=attention",
+            "task.long_text.train_chunks=2",
+        ),
+        (
+            "task.long_text.mode=truncate",
+            "task.long_text.truncate=head_tail",
+            "task.long_text.head=16",
+        ),
+    ],
+    ids=["window-mean", "window-attention", "truncate-head-tail"],
+)
+def test_long_documents_get_one_prediction_each(mode, bert_ckpt, tmp_path):
+    overrides = (
+        "task=imdb_long",
+        f"task.data_dir={LONG_DOCS}",
+        "datamodule.max_seq_len=64",
+        "task.long_text.stride=48",
+        "datamodule.max_examples=8",
+        "datamodule.batch_size=4",
+        *mode,
+    )
+    results, run_dir = run_finetune(tmp_path, bert_ckpt, *overrides)
+    assert set(results["best"]["metrics"]["dev"]) >= {"accuracy", "f1"}
+    # predict on a file of long documents: one row per document
+    docs = tmp_path / "docs.jsonl"
+    lines = (LONG_DOCS / "imdb_long_train.jsonl").read_text().splitlines()[:5]
+    docs.write_text("\n".join(lines) + "\n")
+    cfg = compose_config("predict", f"ckpt={run_dir}", f"predict.file={docs}")
+    [path] = predict(cfg)
+    with open(path) as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    assert [r["index"] for r in rows] == [json.loads(line)["id"] for line in lines]
+    for row in rows:
+        assert row["prediction"] in ("0", "1")
+        assert float(row["p_0"]) + float(row["p_1"]) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_missing_ckpt_and_bad_task_settings_are_one_line_errors(tmp_path):
+    result = run_cli("pipeline.finetune", "task=rte", tmp_path=tmp_path)
+    assert result.returncode == 2
+    assert "error: ckpt is not set" in result.stderr
+    result = run_cli(
+        "pipeline.finetune",
+        "task=imdb_long",
+        "ckpt=x",
+        "task.long_text.aggregate=median",
+        tmp_path=tmp_path,
+    )
+    assert result.returncode == 2 and "task.long_text.aggregate='median'" in result.stderr
+
+
+def test_default_lr_follows_model_width(bert_ckpt):
+    backbone, *_ = load_backbone(bert_ckpt)
+    assert default_lr(backbone.config) == 1e-4  # d_model 64
+    base = type(backbone.config)(vocab_size=100, n_layers=2, d_model=768, n_heads=12)
+    assert default_lr(base) == 3e-5
+
+
+def test_split_metrics_folds_lightning_dataloader_suffixes():
+    logged = {
+        "val/dev_matched/accuracy/dataloader_idx_0": 0.5,
+        "val/dev_mismatched/accuracy/dataloader_idx_1": 0.25,
+        "train/loss": 1.0,
+    }
+    assert split_metrics(logged, ["dev_matched", "dev_mismatched"]) == {
+        "dev_matched": {"accuracy": 0.5},
+        "dev_mismatched": {"accuracy": 0.25},
+    }
+
+
+def test_comma_separated_seeds_run_a_sweep_with_a_summary(bert_ckpt, tmp_path):
+    result = run_cli(
+        "pipeline.finetune",
+        "task=rte",
+        f"task.data_dir={GLUE / 'RTE'}",
+        f"ckpt={bert_ckpt}",
+        "seed=1,2",
+        "logger=csv",
+        "datamodule.max_examples=16",
+        "trainer.max_epochs=1",
+        "trainer.accelerator=cpu",
+        "+trainer.enable_progress_bar=false",
+        f"paths.output_root={tmp_path / 'out'}",
+        tmp_path=tmp_path,
+        env={"WANDB_MODE": "disabled"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    [sweep] = (tmp_path / "out" / "finetune" / "rte").glob("multirun_*")
+    seeds = sorted(json.loads(p.read_text())["seed"] for p in sweep.glob("*/results.json"))
+    assert seeds == [1, 2]
+    [row] = json.loads((sweep / "sweep_summary.json").read_text())
+    assert row["seeds"] == [1, 2] and row["setting"] == "(default)"
+    assert "sweep summary (median and spread over seeds)" in result.stdout
