@@ -262,13 +262,14 @@ class FinetuneDataModule(L.LightningDataModule):
         )
         floor = specials + len(task.text_columns)
         if max_seq_len < floor:
-            raise ValueError(
-                f"max_seq_len={max_seq_len} leaves no room for the texts of task {task.name!r}: "
+            raise TaskDataError(
+                f"datamodule.max_seq_len={max_seq_len} leaves no room for the texts of task {task.name!r}: "
                 f"it needs at least {floor} ({specials} special tokens and one token per text)"
             )
         if batch_size < 1 or eval_batch_size < 1:
-            raise ValueError(
-                f"batch_size={batch_size} and eval_batch_size={eval_batch_size} must be >= 1"
+            raise TaskDataError(
+                f"datamodule.batch_size={batch_size} and eval_batch_size={eval_batch_size} "
+                "must be >= 1"
             )
         self.task, self.tokenizer_kind = task, tokenizer_kind
         self.max_seq_len, self.batch_size, self.eval_batch_size = (
@@ -455,7 +456,8 @@ class FinetuneDataModule(L.LightningDataModule):
         contents = self._content_ids(examples)
         if spec.mode == "truncate":
             room = self.max_seq_len - len(prefix) - len(suffix)
-            ids = [prefix + truncate(c, room, spec.truncate, spec.head) + suffix for c in contents]
+            head = spec.head_tokens(room)
+            ids = [prefix + truncate(c, room, spec.truncate, head) + suffix for c in contents]
             log.info(
                 "%s/%s: %d documents truncated (%s)", self.task.name, split, len(ids), spec.truncate
             )

@@ -27,12 +27,17 @@ from typing import Literal
 import numpy as np
 
 __all__ = [
+    "LongTextError",
     "LongTextSpec",
     "chunk_document",
     "chunk_spans",
     "sample_chunks",
     "truncate",
 ]
+
+
+class LongTextError(ValueError):
+    """Bad `task.long_text` settings: the message names the setting and the fix."""
 
 
 MODES = ("window", "truncate")
@@ -58,7 +63,8 @@ class LongTextSpec:
             document).
         truncate: "head" keeps the first tokens; "head_tail" the first `head` and the last
             ones (Sun et al. 2019).
-        head: tokens kept from the start in "head_tail" mode.
+        head: tokens kept from the start in "head_tail" mode; null keeps a quarter of the
+            room (Sun et al.'s 128 of 510).
     """
 
     mode: str = "window"
@@ -67,7 +73,7 @@ class LongTextSpec:
     train_chunks: int | None = None
     aggregate: str = "mean"
     truncate: str = "head"
-    head: int = 128
+    head: int | None = None
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -76,13 +82,30 @@ class LongTextSpec:
             ("truncate", self.truncate, TRUNCATIONS),
         ):
             if value not in allowed:
-                raise ValueError(f"task.long_text.{name}={value!r} is not one of {list(allowed)}")
+                raise LongTextError(
+                    f"task.long_text.{name}={value!r} is not one of {list(allowed)}"
+                )
         for name in ("window", "stride", "train_chunks"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"task.long_text.{name}={value} must be >= 1, or null")
-        if self.head < 0:
-            raise ValueError(f"task.long_text.head={self.head} must be >= 0")
+                raise LongTextError(f"task.long_text.{name}={value} must be >= 1, or null")
+        if self.head is not None and self.head < 0:
+            raise LongTextError(f"task.long_text.head={self.head} must be >= 0, or null")
+
+    def head_tokens(self, content_len: int) -> int:
+        """Tokens kept from the start in "head_tail" mode, for `content_len` content tokens.
+
+        Raises:
+            LongTextError: `head` exceeds the room.
+        """
+        if self.head is None:
+            return content_len // 4
+        if self.head > content_len:
+            raise LongTextError(
+                f"task.long_text.head={self.head} exceeds the {content_len} content tokens a "
+                "sequence has room for; lower it (null keeps a quarter) or raise max_seq_len"
+            )
+        return self.head
 
     def resolve(self, content_len: int) -> tuple[int, int]:
         """(window, stride) for a model with room for `content_len` content tokens per chunk.
@@ -92,13 +115,13 @@ class LongTextSpec:
         """
         window = content_len if self.window is None else self.window
         if window > content_len:
-            raise ValueError(
+            raise LongTextError(
                 f"task.long_text.window={window} does not fit max_seq_len: a chunk has room for "
                 f"{content_len} content tokens; lower the window or raise max_seq_len"
             )
         stride = max(1, window * 3 // 4) if self.stride is None else self.stride
         if stride > window:
-            raise ValueError(
+            raise LongTextError(
                 f"task.long_text.stride={stride} exceeds the window ({window}): tokens between "
                 "chunks would be skipped; use a stride <= window"
             )

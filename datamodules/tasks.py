@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from datamodules.long_text import LongTextSpec
-from tokenizer import atomic_path
+from tokenizer import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -568,8 +568,7 @@ def build_label_map(spec: TaskSpec, train_examples: Sequence[Example] | None = N
 def save_labels(path: str | os.PathLike, label_map: LabelMap) -> None:
     """Write the label map as JSON (saved beside a fine-tuned model)."""
     payload = {"kind": label_map.kind, "labels": list(label_map.labels)}
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(path, json.dumps(payload, indent=2) + "\n")
 
 
 def load_labels(path: str | os.PathLike) -> LabelMap:

@@ -27,6 +27,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from datamodules.batches import DataSetupError
 from datamodules.corpus import CorpusError
+from datamodules.long_text import LongTextError
 from datamodules.tasks import TaskDataError
 from pipeline.config import ConfigError
 from pipeline.load import CheckpointLoadError
@@ -182,6 +183,7 @@ USER_ERRORS = (
     ConfigError,
     CorpusError,
     EmptyCorpusError,
+    LongTextError,
     MissingSpecialTokensError,
     TokenizerLoadError,
     MissingMandatoryValue,

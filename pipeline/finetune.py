@@ -18,6 +18,7 @@ A sweep (`-m optim.lr=2e-5,3e-5 seed=1,2,3`) runs one job per combination;
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import math
@@ -57,7 +58,7 @@ from pipeline.task_module import (
     load_finetuned,
     reinitialize,
 )
-from tokenizer import atomic_path
+from tokenizer import atomic_path, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,15 @@ def optimizer_factory(cfg: DictConfig, config: BertConfig | GPTConfig):
     return instantiate(cfg.optim, lr=lr), lr
 
 
+def check_fits(max_seq_len: int, config: BertConfig | GPTConfig) -> None:
+    """Sequences must fit the model's positions (BERT's learned ones, GPT's trained context)."""
+    if max_seq_len > config.max_seq_len:
+        raise ConfigError(
+            f"datamodule.max_seq_len={max_seq_len} exceeds the model's {config.max_seq_len} "
+            f"positions; use datamodule.max_seq_len={config.max_seq_len} or less"
+        )
+
+
 def task_from(node: DictConfig | None) -> TaskSpec:
     """The `TaskSpec` of a `task` config node; a bad setting is a one-line `ConfigError`."""
     if node is None:
@@ -97,20 +107,21 @@ def task_from(node: DictConfig | None) -> TaskSpec:
 
 
 def build_datamodule(
-    cfg: DictConfig,
     task: TaskSpec,
     tokenizer,
     kind: str,
+    settings: dict[str, Any],
+    seed: int,
     *,
     label_map: LabelMap | None = None,
     predict_task: TaskSpec | None = None,
 ) -> FinetuneDataModule:
-    settings = dict(cfg.datamodule)
+    """The task's datamodule with the `datamodule` settings of the config."""
     return FinetuneDataModule(
         task,
         tokenizer,
         kind,
-        seed=cfg.seed,
+        seed=seed,
         label_map=label_map,
         predict_task=predict_task,
         **settings,
@@ -137,11 +148,17 @@ def finetune(cfg: DictConfig) -> dict[str, Any]:
         )
     L.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.paths.output_dir)
+    if (run_dir / RESULTS).exists() or (run_dir / "checkpoints").exists():
+        raise ConfigError(
+            f"{run_dir} already holds a fine-tuning run; choose another run_name= (or delete "
+            "the folder) so that its checkpoints and results are not mixed with a new run's"
+        )
     task = task_from(cfg.get("task"))
     backbone, tokenizer, kind, family = load_backbone(cfg.ckpt)
+    check_fits(cfg.datamodule.max_seq_len, backbone.config)
     if cfg.from_scratch:
         backbone = reinitialize(backbone)
-    datamodule = build_datamodule(cfg, task, tokenizer, kind)
+    datamodule = build_datamodule(task, tokenizer, kind, dict(cfg.datamodule), cfg.seed)
     datamodule.setup("fit")
     head = head_spec(cfg, task, datamodule.label_map)
     optimizer, lr = optimizer_factory(cfg, backbone.config)
@@ -267,8 +284,7 @@ def job_overrides() -> list[str]:
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(path, json.dumps(payload, indent=2) + "\n")
 
 
 def print_finetune_summary(
@@ -304,6 +320,10 @@ def saved_or_given(cfg: DictConfig, tuned: Finetuned) -> tuple[TaskSpec, dict[st
     if task_node is None:
         raise ConfigError(f"{tuned.source} records no task; give one with task=<name>")
     task = task_from(task_node)
+    saved_long_text = OmegaConf.select(saved, "task.long_text")
+    if cfg.get("task") is not None and saved_long_text is not None:
+        # the head was trained on windows (or truncations) of this shape: keep it
+        task = dataclasses.replace(task, long_text=task_from(saved.task).long_text)
     settings = dict(OmegaConf.to_container(cfg.datamodule, resolve=True))
     if settings.get("max_seq_len") is None:
         settings["max_seq_len"] = OmegaConf.select(saved, "datamodule.max_seq_len", default=128)
@@ -324,17 +344,24 @@ def inference_setup(cfg: DictConfig, predict_file: str | None = None):
     tuned = load_finetuned(cfg.ckpt)
     task, settings = saved_or_given(cfg, tuned)
     check_labels(task, tuned.module.head.label_map)
+    windowed = task.long_text is not None and task.long_text.mode == "window"
+    if windowed != (tuned.module.head.aggregate is not None):
+        raise ConfigError(
+            f"task {task.name!r} {'splits' if windowed else 'does not split'} documents into "
+            f"sliding windows, but the model was fine-tuned {'with' if not windowed else 'without'} "
+            "them; use the task settings it was fine-tuned with (leave task= out)"
+        )
     predict_task = task.prediction_spec(predict_file) if predict_file or task.predict else None
     module = tuned.module
     module.set_eval_splits(task.eval_splits)
-    datamodule = FinetuneDataModule(
+    datamodule = build_datamodule(
         task,
         tuned.tokenizer,
         tuned.tokenizer_kind,
+        settings,
+        cfg.seed,
         label_map=tuned.module.head.label_map,
         predict_task=predict_task,
-        seed=cfg.seed,
-        **settings,
     )
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator,

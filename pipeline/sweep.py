@@ -21,7 +21,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from tokenizer import atomic_path
+from tokenizer import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +91,8 @@ def summarize_sweep(folder: str | Path) -> list[dict[str, Any]]:
             f"{folder} holds no */results.json: no job of the sweep finished (see the jobs' logs)"
         )
     rows = summarize_results([json.loads(f.read_text(encoding="utf-8")) for f in files])
-    with atomic_path(folder / "sweep_summary.json") as tmp:
-        tmp.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-    with atomic_path(folder / "sweep_summary.md") as tmp:
-        tmp.write_text(summary_table(rows) + "\n", encoding="utf-8")
+    write_text_atomic(folder / "sweep_summary.json", json.dumps(rows, indent=2) + "\n")
+    write_text_atomic(folder / "sweep_summary.md", summary_table(rows) + "\n")
     return rows
 
 
@@ -102,6 +100,8 @@ class SweepSummary(Callback):
     """Prints and saves the sweep summary when a Hydra multirun ends."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("task") is None:  # a sweep of evaluate/predict: no fine-tuning results
+            return
         folder = Path(config.hydra.sweep.dir)
         try:
             rows = summarize_sweep(folder)

@@ -37,10 +37,9 @@ from torchmetrics.classification import (
 )
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
-__all__ = ["CLASSIFICATION_METRICS", "REGRESSION_METRICS", "main_metric", "task_metrics"]
+from datamodules.tasks import CLASSIFICATION_METRICS, REGRESSION_METRICS
 
-CLASSIFICATION_METRICS = ("accuracy", "f1", "matthews")
-REGRESSION_METRICS = ("pearson", "spearman")
+__all__ = ["CLASSIFICATION_METRICS", "REGRESSION_METRICS", "main_metric", "task_metrics"]
 
 
 def class_predictions(preds: torch.Tensor) -> torch.Tensor:

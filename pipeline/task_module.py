@@ -142,24 +142,28 @@ class TaskModule(L.LightningModule):
         return f"val/{self.eval_splits[0]}/{self.head.metrics[0]}"
 
     def scores(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scores to train on, one row per document/sequence scores) of a batch.
+        """(scores to train on with their labels, scores per sequence or document) of a batch.
 
         Sliding-window "mean"/"max" trains on each chunk with its document's label; everything
         else trains on the per-sequence (per-document) scores."""
         inputs = {k: batch[k] for k in ("attention_mask", "token_type_ids")}
+        labels = batch["labels"]
         if "chunk_doc" not in batch:
             scores = self.model(batch["input_ids"], **inputs)
             return scores, scores
         chunk_scores, doc_scores = self.model(
-            batch["input_ids"], batch["chunk_doc"], len(batch["labels"]), **inputs
+            batch["input_ids"], batch["chunk_doc"], len(labels), **inputs
         )
         return (doc_scores if chunk_scores is None else chunk_scores), doc_scores
 
+    def training_labels(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The labels of the trained-on scores: per chunk for "mean"/"max" windows."""
+        per_chunk = "chunk_doc" in batch and self.head.aggregate in ("mean", "max")
+        return batch["labels"][batch["chunk_doc"]] if per_chunk else batch["labels"]
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         train_scores, _ = self.scores(batch)
-        labels = batch["labels"]
-        if "chunk_doc" in batch and len(train_scores) != len(labels):
-            labels = labels[batch["chunk_doc"]]  # each chunk learns its document's label
+        labels = self.training_labels(batch)
         loss = sequence_loss(train_scores, labels)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(labels))
         return loss

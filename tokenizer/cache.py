@@ -40,6 +40,12 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def write_text_atomic(dest: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `dest` through `atomic_path`."""
+    with atomic_path(dest) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
 def _umask() -> int:
     current = os.umask(0)
     os.umask(current)

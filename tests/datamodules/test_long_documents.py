@@ -12,7 +12,7 @@ import pytest
 from hydra.errors import InstantiationException
 
 from datamodules.finetune import FinetuneDataModule
-from datamodules.long_text import LongTextSpec, chunk_spans
+from datamodules.long_text import LongTextError, LongTextSpec, chunk_spans
 from datamodules.tasks import (
     CARVED_DEV,
     Example,
@@ -136,6 +136,23 @@ def test_truncation_modes_keep_the_head_or_head_and_tail(wordpiece):
     ids = special_ids(wordpiece, "wordpiece")
     assert batch["input_ids"][0].tolist() == [ids.cls, *content[:10], *content[-22:], ids.sep]
     assert "chunk_doc" not in batch
+
+
+def test_head_tail_keeps_a_quarter_by_default_and_checks_head(wordpiece):
+    spec = imdb("task.long_text.mode=truncate", "task.long_text.truncate=head_tail")
+    dm = FinetuneDataModule(spec, wordpiece, "wordpiece", max_seq_len=42, max_examples=2)
+    dm.setup()
+    content = wordpiece.encode(dm.examples(CARVED_DEV)[0].texts[0], add_special_tokens=False).ids
+    row = next(iter(dm.val_dataloader()[0]))["input_ids"][0].tolist()
+    assert row[1:-1] == content[:10] + content[-30:]  # 40 tokens of room: 10 head, 30 tail
+    too_long = imdb(
+        "task.long_text.mode=truncate",
+        "task.long_text.truncate=head_tail",
+        "task.long_text.head=128",
+    )
+    dm = FinetuneDataModule(too_long, wordpiece, "wordpiece", max_seq_len=42, max_examples=2)
+    with pytest.raises(LongTextError, match="head=128 exceeds the 40 content tokens"):
+        dm.setup()
 
 
 def test_window_that_does_not_fit_is_rejected(wordpiece):

@@ -154,14 +154,29 @@ def test_mnli_matched_and_mismatched_are_reported_apart(bert_ckpt, tmp_path):
     ):
         lines = [header, *("\t".join(r) for r in part)]
         (data / f"{name}.tsv").write_text("\n".join(lines) + "\n")
-    results, _ = run_finetune(tmp_path, bert_ckpt, "task=mnli", data_dir=data)
+    results, run_dir = run_finetune(
+        tmp_path, bert_ckpt, "task=mnli", "datamodule.eval_batch_size=7", data_dir=data
+    )
     best = results["best"]["metrics"]
     assert set(best) == {"dev_matched", "dev_mismatched"}
-    # the same predictions scored against opposite labels (no "neutral" gold labels): the
-    # accuracies add up to at most one
-    total = best["dev_matched"]["accuracy"] + best["dev_mismatched"]["accuracy"]
-    assert total <= 1.0 + 1e-6
     assert results["main_split"] == "dev_matched"
+    # Each split's accuracy is that of the model's own predictions (make predict, rows put
+    # back in file order across batches of 7) against that split's labels alone.
+    for split, part in (("dev_matched", labelled), ("dev_mismatched", None)):
+        gold = [r[3] for r in (part or [[i, a, b, flip[y]] for i, a, b, y in labelled])]
+        cfg = compose_config(
+            "predict",
+            f"ckpt={run_dir}",
+            f"predict.file={data / (split + '.tsv')}",
+            f"predict.out_dir={tmp_path / split}",
+            "datamodule.eval_batch_size=7",
+        )
+        [path] = predict(cfg)
+        with open(path) as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t"))
+        assert [r["index"] for r in rows] == [r[0] for r in labelled]
+        accuracy = sum(r["prediction"] == y for r, y in zip(rows, gold, strict=True)) / len(gold)
+        assert best[split]["accuracy"] == pytest.approx(accuracy), split
 
 
 def test_gpt_backbone_fine_tunes_on_the_last_token(gpt_ckpt, tmp_path):
@@ -297,6 +312,17 @@ def test_long_documents_get_one_prediction_each(mode, bert_ckpt, tmp_path):
     for row in rows:
         assert row["prediction"] in ("0", "1")
         assert float(row["p_0"]) + float(row["p_1"]) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_finished_run_folder_is_not_reused(bert_ckpt, tmp_path):
+    run_finetune(tmp_path, bert_ckpt, "task=rte", data_dir=GLUE / "RTE")
+    with pytest.raises(ConfigError, match="already holds a fine-tuning run"):
+        run_finetune(tmp_path, bert_ckpt, "task=rte", data_dir=GLUE / "RTE")
+
+
+def test_sequences_longer_than_the_model_are_refused(bert_ckpt, tmp_path):
+    with pytest.raises(ConfigError, match="exceeds the model's 128 positions"):
+        run_finetune(tmp_path, bert_ckpt, "task=rte", "datamodule.max_seq_len=256")
 
 
 def test_missing_ckpt_and_bad_task_settings_are_one_line_errors(tmp_path):
