@@ -570,16 +570,27 @@ def final_metrics_table(runs: list[PretrainRun]) -> str:
 
 
 def finetune_groups(runs: list[FinetuneRun]) -> dict[str, list[FinetuneRun]]:
-    """Runs by task (and learning rate, when one task was run with several)."""
+    """Runs by task, and by learning rate and starting model when a task was run with several
+    (only runs that differ in nothing but the seed are pooled)."""
     by_task: dict[str, list[FinetuneRun]] = {}
     for run in runs:
         by_task.setdefault(run.task, []).append(run)
     groups: dict[str, list[FinetuneRun]] = {}
     for task, task_runs in by_task.items():
         for run in task_runs:
-            name = f"{task} lr {run.results.get('lr')}" if _lr_differs(task_runs) else task
-            groups.setdefault(name, []).append(run)
+            parts = [task]
+            if _lr_differs(task_runs):
+                parts.append(f"lr {run.results.get('lr')}")
+            if len({_init_label(r) for r in task_runs}) > 1:
+                parts.append(_init_label(run))
+            groups.setdefault(" ".join(parts), []).append(run)
     return groups
+
+
+def _init_label(run: FinetuneRun) -> str:
+    """What the run started from: "random init" or the pretrained model's folder name."""
+    init = str(run.results.get("init", ""))
+    return "random init" if init == "random" else Path(init).name or init
 
 
 def finetune_tables(runs: list[FinetuneRun], groups: dict[str, list[FinetuneRun]]) -> str:
