@@ -1,7 +1,8 @@
 """Data-pipeline throughput: token-store building against raw `tokenizers`, DataLoader batches/s
 against the mini models' training-step rate.
 
-    python bench/bench_data.py [--quick] [--reps 3] [--batches 200] [--out bench/results/data.json]
+    python bench/bench_data.py [--quick] [--corpus full] [--reps 3] [--batches 200]
+                               [--out bench/results/data.json]
     make bench-data
 
 1. Store building: MB of raw text per second for building the BERT store (read, sentence-split,
@@ -16,17 +17,16 @@ against the mini models' training-step rate.
    batches, on `--device` (CUDA when present, else this CPU). Target: the loader's batches/s
    >= 20x the training-step rate.
 
-Corpus: WikiText-2 train (tokenized, 10.8 MB) from ../shared/data through the local-files source;
-`--quick` uses the 1.1 MB raw validation split; without the shared data, the embedded corpus.
+Corpus (`--corpus`): WikiText-2 train (tokenized, 10.8 MB) from ../shared/data through the
+local-files source; `--quick` uses the 1.1 MB raw validation split; `embedded` (the built-in
+corpus) or a text file of your own.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,31 +37,54 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.common import (
+    SHARED,
+    WIKITEXT2,
+    BenchError,
+    command_line,
+    figure,
+    finish,
+    machine,
+    markdown_table,
+    number,
+    require_data,
+)
 from datamodules.corpus import EmbeddedCorpus, TextFilesCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule, store_settings
 from datamodules.store_build import build_store
 from tokenizer import batched, train_tokenizer
 
-SHARED = Path(
-    os.environ.get("LMPIPE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
 CORPORA = {
-    "full": SHARED / "wikitext/wikitext-2-tokenized/train.txt.gz",
+    "full": WIKITEXT2 / "train.txt.gz",
     "quick": SHARED / "wikitext/wikitext-2-raw/wiki.valid.raw",
 }
-MODELS = {
-    "bert": ("wordpiece", MaskedLMObjective(seq_len=128, batch_size=32)),
-    "gpt": ("bpe", CausalLMObjective(seq_len=256, batch_size=16)),
+# size -> model -> (tokenizer kind, objective); the model preset is the size ("tiny" is for the
+# smoke test).
+SIZES = {
+    "mini": {
+        "bert": ("wordpiece", MaskedLMObjective(seq_len=128, batch_size=32)),
+        "gpt": ("bpe", CausalLMObjective(seq_len=256, batch_size=16)),
+    },
+    "tiny": {
+        "bert": ("wordpiece", MaskedLMObjective(seq_len=32, batch_size=4)),
+        "gpt": ("bpe", CausalLMObjective(seq_len=32, batch_size=4)),
+    },
 }
+# Targets of issue 8: store MB/s / encode_batch MB/s, loader batches/s / mini-model steps/s.
+STORE_TARGET, LOADER_TARGET = 0.70, 20.0
 
 
-def load_corpus(quick: bool):
-    path = CORPORA["quick" if quick else "full"]
-    if path.is_file():
-        return TextFilesCorpus(str(path), doc_split="wikitext"), path.name
-    print(f"note: {path} not found, using the embedded corpus", file=sys.stderr)
-    return EmbeddedCorpus(), "embedded corpus"
+def load_corpus(choice: str):
+    """`full` (WikiText-2 train), `quick` (its raw validation split), `embedded` or a file."""
+    if choice == "embedded":
+        return EmbeddedCorpus(), "embedded corpus"
+    path = CORPORA.get(choice, Path(choice))
+    if choice in CORPORA:
+        require_data(path, f"WikiText-2 ({choice} corpus)")
+    elif not path.is_file():
+        raise BenchError(f"--corpus {choice}: no such file; give full, quick, embedded or a file")
+    return TextFilesCorpus(str(path), doc_split="wikitext"), path.name
 
 
 def bench_store(corpus, docs: list[str], tokenizer, kind: str, objective, reps: int) -> dict:
@@ -107,7 +130,12 @@ def bench_loader(dm: PretrainDataModule, workers: int, batches: int) -> dict:
 
 
 def mini_model_step(
-    model_name: str, vocab_size: int, batches: list[dict], steps: int, device: torch.device
+    model_name: str,
+    vocab_size: int,
+    batches: list[dict],
+    steps: int,
+    device: torch.device,
+    preset: str = "mini",
 ) -> dict:
     """Median fwd + bwd + AdamW step time of the mini model on real batches."""
     from models import GPT, BertConfig, BertForPreTraining, GPTConfig, pretraining_loss
@@ -115,7 +143,7 @@ def mini_model_step(
     torch.manual_seed(0)
     batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
     if model_name == "bert":
-        model = BertForPreTraining(BertConfig.from_preset("mini", vocab_size=vocab_size))
+        model = BertForPreTraining(BertConfig.from_preset(preset, vocab_size=vocab_size))
 
         def loss_of(batch):
             out = model(
@@ -127,7 +155,7 @@ def mini_model_step(
             return pretraining_loss(out, batch["mlm_labels"], batch["nsp_labels"]).total
 
     else:
-        model = GPT(GPTConfig.from_preset("mini", vocab_size=vocab_size))
+        model = GPT(GPTConfig.from_preset(preset, vocab_size=vocab_size))
 
         def loss_of(batch):
             return model(batch["input_ids"], targets=batch["targets"]).loss
@@ -150,10 +178,14 @@ def mini_model_step(
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small corpus, 1 rep, few batches")
+    parser.add_argument(
+        "--corpus", help="full (WikiText-2 train), quick (its validation split), embedded or a file"
+    )
     parser.add_argument("--reps", type=int, default=3, help="store-building repetitions")
     parser.add_argument("--batches", type=int, default=200, help="timed loader batches")
     parser.add_argument("--model-steps", type=int, default=5, help="timed mini-model steps")
     parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument("--size", choices=sorted(SIZES), default="mini", help="model preset")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=Path("bench/results/data.json"))
     args = parser.parse_args(argv)
@@ -161,11 +193,11 @@ def main(argv: list[str] | None = None) -> dict:
         args.reps, args.batches, args.model_steps = 1, 50, 2
     logging.basicConfig(level=logging.WARNING)
 
-    corpus, corpus_name = load_corpus(args.quick)
+    corpus, corpus_name = load_corpus(args.corpus or ("quick" if args.quick else "full"))
     docs = list(corpus.documents())
     cache = tempfile.TemporaryDirectory()
     results = {}
-    for name, (kind, objective) in MODELS.items():
+    for name, (kind, objective) in SIZES[args.size].items():
         tokenizer = train_tokenizer(kind, batched(docs[: max(50, len(docs) // 3)]), args.vocab_size)
         row = {"store": bench_store(corpus, docs, tokenizer, kind, objective, args.reps)}
         dm = PretrainDataModule(corpus, tokenizer, kind, objective, cache.name, val_fraction=0.0)
@@ -174,50 +206,99 @@ def main(argv: list[str] | None = None) -> dict:
         dm.num_workers = 0
         sample = [batch for batch, _ in zip(dm.train_dataloader(), range(4), strict=False)]
         row["mini_model"] = mini_model_step(
-            name, tokenizer.get_vocab_size(), sample, args.model_steps, torch.device(args.device)
+            name,
+            tokenizer.get_vocab_size(),
+            sample,
+            args.model_steps,
+            torch.device(args.device),
+            preset=args.size,
         )
-        best_loader = max(r["batches_per_s"] for r in row["loader"])
-        row["loader_vs_model_steps"] = best_loader / row["mini_model"]["steps_per_s"]
+        row["best_loader_batches_per_s"] = max(r["batches_per_s"] for r in row["loader"])
+        row["loader_vs_model_steps"] = (
+            row["best_loader_batches_per_s"] / row["mini_model"]["steps_per_s"]
+        )
         results[name] = row
     cache.cleanup()
 
     report = {
         "benchmark": "token-store MB/s vs raw tokenizers; DataLoader batches/s vs mini-model steps/s",
         "corpus": corpus_name,
-        "machine": platform.processor() or platform.machine(),
+        "machine": machine(),
         "cpus": len(os.sched_getaffinity(0)),
         "model_device": args.device,
+        "model_size": args.size,
         "torch": torch.__version__,
         "quick": args.quick,
         "results": results,
     }
-    print_table(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
-    return report
+    report["figures"] = figures(report)
+    return finish(report, table(report), args.out)
 
 
-def print_table(report: dict) -> None:
-    print(
-        f"\n{report['corpus']}, {report['cpus']} CPUs, mini models on {report['model_device']}, "
-        "medians\n"
+def figures(report: dict) -> list[dict]:
+    """Store MB/s against raw `encode_batch` MB/s, and the faster loader's batches/s against
+    the mini model's training steps/s, per model."""
+    rows = []
+    for name, row in report["results"].items():
+        rates = row["store"]["mb_per_s"]
+        rows.append(
+            figure(
+                "data",
+                f"{name} token store vs encode_batch",
+                rates["store"],
+                rates["encode_batch"],
+                "MB/s",
+                at_least=STORE_TARGET,
+            )
+        )
+        rows.append(
+            figure(
+                "data",
+                f"{name} loader batches/s vs model steps/s",
+                row["best_loader_batches_per_s"],
+                row["mini_model"]["steps_per_s"],
+                "per s",
+                at_least=LOADER_TARGET,
+            )
+        )
+    return rows
+
+
+def table(report: dict) -> str:
+    """The report as Markdown: a heading line and one row per model."""
+    head = (
+        f"{report['corpus']}, {report['cpus']} CPUs, {report['model_size']} models on "
+        f"{report['model_device']}, medians"
     )
-    print(
-        "| model | text MB | encode_batch MB/s | encode_batch_fast MB/s | store MB/s | "
-        "store / encode_batch | loader batches/s (0 / 2 workers) | mini step/s | loader / step |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
     for name, row in report["results"].items():
         store, rates = row["store"], row["store"]["mb_per_s"]
-        loader = " / ".join(f"{r['batches_per_s']:,.0f}" for r in row["loader"])
-        print(
-            f"| {name} | {store['text_mb']:.1f} | {rates['encode_batch']:.2f} | "
-            f"{rates['encode_batch_fast']:.2f} | {rates['store']:.2f} | "
-            f"{store['store_vs_encode_batch']:.0%} | {loader} | "
-            f"{row['mini_model']['steps_per_s']:.2f} | {row['loader_vs_model_steps']:,.0f}x |"
+        rows.append(
+            [
+                name,
+                f"{store['text_mb']:.1f}",
+                f"{rates['encode_batch']:.2f}",
+                f"{rates['encode_batch_fast']:.2f}",
+                f"{rates['store']:.2f}",
+                f"{store['store_vs_encode_batch']:.0%}",
+                " / ".join(number(r["batches_per_s"]) for r in row["loader"]),
+                f"{row['mini_model']['steps_per_s']:.2f}",
+                f"{row['loader_vs_model_steps']:,.0f}x",
+            ]
         )
+    headers = [
+        "model",
+        "text MB",
+        "encode_batch MB/s",
+        "encode_batch_fast MB/s",
+        "store MB/s",
+        "store / encode_batch",
+        "loader batches/s (0 / 2 workers)",
+        "model step/s",
+        "loader / step",
+    ]
+    return f"{head}\n\n{markdown_table(headers, rows)}"
 
 
 if __name__ == "__main__":
-    main()
+    command_line(main)

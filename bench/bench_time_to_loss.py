@@ -1,0 +1,381 @@
+"""Time to loss: our full pipeline (`make pretrain`) against a plain training loop on the
+`transformers` models, same architecture, data, tokenizer, batches, schedule and seed, for the
+same wall-clock budget on this machine.
+
+    python bench/bench_time_to_loss.py [--quick] [--models bert,gpt] [--budget-s 300]
+                                       [--out outputs/bench/time_to_loss.json]
+    make bench-loss
+
+For each model (BERT mini and GPT mini on WikiText-2, `conf/experiment/*-mini-wikitext2.yaml`),
+each side trains with the same recipe (AdamW, warmup then decay, batch, data order, seed) for
+the same wall-clock budget; the schedule is set in steps, so each side's length is what that side
+completes in the budget, and a faster side trains more steps:
+
+1. Data preparation (`python -m pipeline.prepare`) into a fresh cache: trains the tokenizer and
+   builds the token store, measured for wall time and peak RSS. The runs below reuse them.
+2. The reference (`bench/reference_train.py`, a subprocess): times a few steps, sizes its
+   schedule to the budget, trains, validates at most `--val-points` times on the first
+   `--val-batches` validation batches.
+3. Ours, timed: a `TIMING_STEPS`-step `python -m pipeline.pretrain` run gives the seconds per
+   step and per validation batch, which size our schedule the same way (`common.plan_steps`).
+4. Ours (`python -m pipeline.pretrain`) with that schedule, the same validation batches,
+   `trainer.max_time` = the budget, and `bench.clock.WallClockLogger` recording when each
+   validation loss was logged.
+
+Reported per model: the final validation loss of each, the steps and wall time each took, and
+the time ours needed to first reach the reference's final loss (linear between validations), as
+a share of the reference's time. Target: <= 0.60. Also the peak RSS of each process
+(`bench_memory.py` prints it as its own table). Times count from the start of training (model
+built, data open); ours includes Lightning's two sanity-validation batches and its checkpoints.
+The runs are sequential, so a busy machine skews the ratio: trust it only from a quiet one.
+
+`--quick`: 20 s per run on WikiText-2's validation text (for `make bench QUICK=1`).
+`--set KEY=VALUE` adds a Hydra override to every run (e.g. `--set model=bert-tiny`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from bench.clock import read_clock
+from bench.common import (
+    WIKITEXT2,
+    BenchError,
+    Measured,
+    child_env,
+    command_line,
+    figure,
+    finish,
+    machine,
+    markdown_table,
+    number,
+    plan_steps,
+    require_data,
+    run_measured,
+)
+
+EXPERIMENTS = {"bert": "bert-mini-wikitext2", "gpt": "gpt-mini-wikitext2"}
+TARGET = 0.60  # ours reaches the reference's final loss in at most this share of its time
+TIMING_STEPS = 8  # the short run of ours that times a step and a validation batch
+FULL = {"budget_s": 300, "val_points": 6, "val_batches": 4}
+QUICK = {"budget_s": 20, "val_points": 2, "val_batches": 2}
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a set of runs (shared with bench_memory.py); defaults come later."""
+    parser.add_argument("--quick", action="store_true", help="short runs on a small corpus")
+    parser.add_argument("--models", default="bert,gpt", help="comma list of bert, gpt")
+    parser.add_argument("--budget-s", type=int, help="wall-clock budget of each training run")
+    parser.add_argument("--val-points", type=int, help="validations in the schedule")
+    parser.add_argument("--val-batches", type=int, help="batches per validation")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--work-dir", type=Path, default=Path("outputs/bench/time_to_loss"))
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Hydra override for every run (repeatable)",
+    )
+
+
+def resolve(args: argparse.Namespace, full: dict) -> argparse.Namespace:
+    """Fill the options left unset from `full` (or the quick settings)."""
+    for key, value in (QUICK if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def data_overrides(args: argparse.Namespace) -> list[str]:
+    """The corpus overrides: none when the caller chose data, else WikiText-2 (its validation
+    text when quick), which must exist."""
+    if any(o.split("=")[0].split(".")[0].lstrip("+~") == "data" for o in args.overrides):
+        return []
+    if args.quick:
+        valid = require_data(WIKITEXT2 / "valid.txt", "WikiText-2")
+        return [f"data.paths=['{valid}']"]
+    require_data(WIKITEXT2 / "train.txt.gz", "WikiText-2")
+    return [f"data.paths=['{WIKITEXT2}/train.txt*']"]
+
+
+def device_overrides(device: str, dtype: str) -> list[str]:
+    precision = "bf16-mixed" if dtype == "bf16" else "32-true"
+    accelerator = "gpu" if device.startswith("cuda") else "cpu"
+    return [f"trainer.accelerator={accelerator}", f"trainer.precision={precision}"]
+
+
+def max_time(seconds: int) -> str:
+    """Lightning's DD:HH:MM:SS, quoted for Hydra."""
+    minutes, s = divmod(int(seconds), 60)
+    hours, m = divmod(minutes, 60)
+    days, h = divmod(hours, 24)
+    return f"'{days:02d}:{h:02d}:{m:02d}:{s:02d}'"
+
+
+def run_family(family: str, args: argparse.Namespace) -> dict:
+    """Prepare the data, train the reference, time ours, train ours; the measured runs of one
+    model."""
+    work = args.work_dir / family
+    shutil.rmtree(work, ignore_errors=True)  # a fresh cache: preparation is measured from scratch
+    common = [
+        f"experiment={EXPERIMENTS[family]}",
+        *data_overrides(args),
+        f"paths.cache_dir={work / 'cache'}",
+        f"paths.output_root={work / 'runs'}",
+        f"trainer.limit_val_batches={args.val_batches}",
+        *device_overrides(args.device, args.dtype),
+        *args.overrides,
+    ]
+
+    def measured(name: str, module: str, *arguments: str) -> Measured:
+        return run_measured(
+            [sys.executable, "-m", module, *arguments],
+            work / f"{name}.log",
+            env=child_env(),
+            timeout_s=3 * args.budget_s + 900,
+        )
+
+    def pretrain(name: str, max_steps: int, val_every: int, *extra: str):
+        clock = work / f"{name}.clock.jsonl"
+        run = measured(
+            name,
+            "pipeline.pretrain",
+            *common,
+            f"run_name={family}-{name}",
+            "+trainer.enable_progress_bar=false",
+            f"trainer.max_steps={max_steps}",
+            f"trainer.val_check_interval={val_every}",
+            "+logger.clock._target_=bench.clock.WallClockLogger",
+            f"+logger.clock.path={clock}",
+            *extra,
+        )
+        return run, read_clock(clock)
+
+    print(f"{family}: preparing data", flush=True)
+    prepare = measured("prepare", "pipeline.prepare", *common, f"run_name={family}-prepare")
+    print(f"{family}: reference (transformers), {args.budget_s} s", flush=True)
+    reference_json = work / "reference.json"
+    reference_run = measured(
+        "reference",
+        "bench.reference_train",
+        *("--out", str(reference_json), "--budget-s", str(args.budget_s)),
+        *("--val-points", str(args.val_points), "--device", args.device, "--dtype", args.dtype),
+        *("--", *common),
+    )
+    reference = json.loads(reference_json.read_text())
+    if reference["family"] != family:
+        raise BenchError(
+            f"the overrides {args.overrides} turn the {family} run into a {reference['family']} run"
+        )
+    print(f"{family}: ours (make pretrain), timing {TIMING_STEPS} steps", flush=True)
+    _, rows = pretrain("timing", TIMING_STEPS, TIMING_STEPS, "trainer.log_every_n_steps=1")
+    timing = step_timing(rows, args.val_batches)
+    max_steps, val_every = plan_steps(
+        args.budget_s, timing["step_s"], timing["val_batch_s"], args.val_points, args.val_batches
+    )
+    print(f"{family}: ours (make pretrain), {max_steps} steps or {args.budget_s} s", flush=True)
+    ours_run, rows = pretrain(
+        "ours", max_steps, val_every, f"trainer.max_time={max_time(args.budget_s)}"
+    )
+    for checkpoints in (work / "runs").glob("*/*/checkpoints"):
+        shutil.rmtree(checkpoints)  # ~0.5 GB of by-products; logs and the HF export stay
+    points = validation_points(rows)
+    steps = points[-1]["step"] if points else 0
+    ours = {
+        "max_steps": max_steps,
+        "val_every": val_every,
+        "calibration": timing,
+        "steps": steps,
+        "stopped_by": "max_steps" if steps >= max_steps else "budget",
+        "points": points,
+    }
+    processes = {"prepare": prepare, "reference": reference_run, "ours": ours_run}
+    return summarize(family, reference, ours) | {
+        "processes": {
+            name: {"wall_s": m.wall_s, "peak_rss_mb": m.peak_rss_mb, "log": str(m.log)}
+            for name, m in processes.items()
+        }
+    }
+
+
+def step_timing(rows: list[dict], val_batches: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds between training steps (after `warmup`) and seconds per validation
+    batch, from the clock of a run that logged every step and validated after its last."""
+    train = {row["step"]: row["elapsed_s"] for row in rows if "train/loss" in row["metrics"]}
+    gaps = [train[step] - train[step - 1] for step in sorted(train) if step - 1 >= warmup]
+    validations = [row for row in rows if "val/loss" in row["metrics"]]
+    if not gaps or not validations or validations[-1]["step"] not in train:
+        raise BenchError("the timing run of ours logged too few steps; see its log")
+    last = validations[-1]
+    return {
+        "step_s": statistics.median(gaps),
+        "val_batch_s": (last["elapsed_s"] - train[last["step"]]) / val_batches,
+    }
+
+
+def validation_points(rows: list[dict]) -> list[dict]:
+    """(steps done, seconds since training began, val loss) of each validation ours logged.
+
+    Lightning logs a validation's metrics at the index of the last step taken: steps done - 1.
+    """
+    return [
+        {
+            "step": row["step"] + 1,
+            "time_s": row["elapsed_s"],
+            "val_loss": row["metrics"]["val/loss"],
+        }
+        for row in rows
+        if "val/loss" in row["metrics"]
+    ]
+
+
+def time_to_reach(points: list[dict], loss: float) -> float | None:
+    """Seconds until the validation loss first reaches `loss`, linear between validations
+    (the first validation's time when that one already does); None when it never does."""
+    previous = None
+    for point in points:
+        if point["val_loss"] <= loss:
+            if previous is None:
+                return point["time_s"]
+            share = (previous["val_loss"] - loss) / (previous["val_loss"] - point["val_loss"])
+            return previous["time_s"] + share * (point["time_s"] - previous["time_s"])
+        previous = point
+    return None
+
+
+def summarize(family: str, reference: dict, ours: dict) -> dict:
+    """Final losses, times and the time-to-reference-loss ratio of one model."""
+    if not reference["points"] or not ours["points"]:
+        raise BenchError(f"{family}: a run logged no validation loss; see the logs")
+    ref_final, ours_final = reference["points"][-1], ours["points"][-1]
+    reached = time_to_reach(ours["points"], ref_final["val_loss"])
+    ratio = reached / ref_final["time_s"] if reached is not None else None
+    return {
+        "family": family,
+        "reference": reference,
+        "ours": ours,
+        "reference_final_loss": ref_final["val_loss"],
+        "reference_time_s": ref_final["time_s"],
+        "ours_final_loss": ours_final["val_loss"],
+        "ours_time_s": ours_final["time_s"],
+        "ours_time_to_reference_loss_s": reached,
+        "time_ratio": ratio,
+        "target": TARGET,
+        "met": ratio is not None and ratio <= TARGET,
+    }
+
+
+def figures(report: dict) -> list[dict]:
+    rows = []
+    for name, r in report["results"].items():
+        rows.append(
+            figure(
+                "time to loss",
+                f"{name} final val loss",
+                r["ours_final_loss"],
+                r["reference_final_loss"],
+                "loss",
+            )
+        )
+        rows.append(
+            figure(
+                "time to loss",
+                f"{name} time to the reference's final val loss",
+                r["ours_time_to_reference_loss_s"],
+                r["reference_time_s"],
+                "s",
+                at_most=TARGET,
+            )
+        )
+    return rows
+
+
+def table(report: dict) -> str:
+    """A summary row per model, then each model's validation curves side by side."""
+    head = (
+        f"{report['budget_s']} s per run, {report['device']} {report['dtype']}, "
+        f"validation on {report['val_batches']} batches; times from the start of training"
+    )
+    rows = []
+    for name, r in report["results"].items():
+        rows.append(
+            [
+                name,
+                f"{r['ours']['steps']} / {r['reference']['steps']}",
+                f"{r['ours_final_loss']:.3f} / {r['reference_final_loss']:.3f}",
+                f"{r['ours_time_s']:.0f} / {r['reference_time_s']:.0f}",
+                number(r["ours_time_to_reference_loss_s"]),
+                number(r["time_ratio"]),
+                "yes" if r["met"] else "**no**",
+            ]
+        )
+    headers = [
+        "model",
+        "steps ours / ref",
+        "final val loss ours / ref",
+        "time s ours / ref",
+        "ours s to ref loss",
+        "ratio (<= 0.60)",
+        "met",
+    ]
+    parts = [head, markdown_table(headers, rows)]
+    for name, r in report["results"].items():
+        ours, reference = r["ours"]["points"], r["reference"]["points"]
+        curve_rows = []
+        for i in range(max(len(ours), len(reference))):
+            cells = [str(i + 1)]
+            for points in (ours, reference):
+                p = points[i] if i < len(points) else None
+                cells += (
+                    [str(p["step"]), f"{p['time_s']:.1f}", f"{p['val_loss']:.3f}"]
+                    if p
+                    else ["—"] * 3
+                )
+            curve_rows.append(cells)
+        headers = ["", "ours step", "s", "val loss", "ref step", "s", "val loss"]
+        parts += [f"{name} validation curves:", markdown_table(headers, curve_rows)]
+    return "\n\n".join(parts)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Every model's runs, as a report (also the measurements bench_memory.py reads)."""
+    families = [f.strip() for f in args.models.split(",")]
+    if unknown := set(families) - set(EXPERIMENTS):
+        raise BenchError(f"--models: unknown {sorted(unknown)}; use bert, gpt or bert,gpt")
+    report = {
+        "benchmark": "time to the reference's final validation loss, same wall-clock budget",
+        "machine": machine(),
+        "quick": args.quick,
+        "budget_s": args.budget_s,
+        "val_points": args.val_points,
+        "val_batches": args.val_batches,
+        "device": args.device,
+        "dtype": args.dtype,
+        "overrides": args.overrides,
+        "results": {family: run_family(family, args) for family in families},
+    }
+    report["figures"] = figures(report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_arguments(parser)
+    parser.add_argument("--out", type=Path, default=Path("outputs/bench/time_to_loss.json"))
+    args = resolve(parser.parse_args(argv), FULL)
+    report = run(args)
+    return finish(report, table(report), args.out)
+
+
+if __name__ == "__main__":
+    command_line(main)
