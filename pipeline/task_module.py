@@ -252,6 +252,13 @@ def load_finetuned(path: str | os.PathLike) -> Finetuned:
             "(outputs/finetune/<task>/<run>/) or its checkpoints/best.ckpt"
         )
     file = finetuned_checkpoint(path)
+    if file is None and Path(path).expanduser().is_dir():
+        holds = list(Path(path).expanduser().glob("checkpoints/*.ckpt"))
+        if not holds:
+            raise CheckpointLoadError(
+                f"{path} holds no checkpoints/best.ckpt or last.ckpt: the fine-tuning run did not "
+                "finish an epoch; give a finished run folder or a *.ckpt file"
+            )
     if file is None:
         raise CheckpointLoadError(
             f"{path} is not a fine-tuned model (no {FINETUNE_KEY!r} entry): it looks like a "

@@ -326,7 +326,8 @@ def test_sequences_longer_than_the_model_are_refused(bert_ckpt, tmp_path):
 
 
 def test_missing_ckpt_and_bad_task_settings_are_one_line_errors(tmp_path):
-    result = run_cli("pipeline.finetune", "task=rte", tmp_path=tmp_path)
+    out = f"paths.output_root={tmp_path / 'out'}"  # Hydra makes the run folder first
+    result = run_cli("pipeline.finetune", "task=rte", out, tmp_path=tmp_path)
     assert result.returncode == 2
     assert "error: ckpt is not set" in result.stderr
     result = run_cli(
@@ -334,6 +335,7 @@ def test_missing_ckpt_and_bad_task_settings_are_one_line_errors(tmp_path):
         "task=imdb_long",
         "ckpt=x",
         "task.long_text.aggregate=median",
+        out,
         tmp_path=tmp_path,
     )
     assert result.returncode == 2 and "task.long_text.aggregate='median'" in result.stderr
