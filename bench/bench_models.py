@@ -17,7 +17,9 @@ the median step time gives tokens/s = batch * seq / median.
   `LlamaForCausalLM`; ours computes the loss with the fused chunked output layer.
 
 `--size base` runs BERT-base and GPT-124M (for a GPU, with `--device cuda --dtype bf16`);
-`--size tiny` is for the smoke test.
+`--size tiny` is for the smoke test. `--vocab-size` replaces the presets' vocabularies (30,522 for
+BERT, 50,304 for GPT; `make pretrain` trains an 8,192-token tokenizer): the larger the
+vocabulary, the more the output layer and its loss weigh in a step.
 """
 
 from __future__ import annotations
@@ -92,11 +94,17 @@ def _train_step(
     return step
 
 
-def bert_case(size: str, device: torch.device, autocast: Autocast, seed: int = 0) -> Case:
+def bert_case(
+    size: str,
+    device: torch.device,
+    autocast: Autocast,
+    seed: int = 0,
+    vocab_size: int | None = None,
+) -> Case:
     import transformers
 
     preset, T, B = SIZES[size]["bert"]
-    c = BertConfig.from_preset(preset)
+    c = BertConfig.from_preset(preset, **({"vocab_size": vocab_size} if vocab_size else {}))
     hf = transformers.BertForPreTraining(
         transformers.BertConfig(
             **bert_hf_config(c, "BertForPreTraining"), attn_implementation="sdpa"
@@ -148,11 +156,19 @@ def bert_case(size: str, device: torch.device, autocast: Autocast, seed: int = 0
     )
 
 
-def gpt_case(size: str, device: torch.device, autocast: Autocast, seed: int = 0) -> Case:
+def gpt_case(
+    size: str,
+    device: torch.device,
+    autocast: Autocast,
+    seed: int = 0,
+    vocab_size: int | None = None,
+) -> Case:
     import transformers
 
     preset, T, B = SIZES[size]["gpt"]
-    c = GPTConfig.from_preset(preset, max_seq_len=T)
+    c = GPTConfig.from_preset(
+        preset, max_seq_len=T, **({"vocab_size": vocab_size} if vocab_size else {})
+    )
     hf = transformers.LlamaForCausalLM(
         transformers.LlamaConfig(**llama_hf_config(c), attn_implementation="sdpa")
     ).to(device)
@@ -205,6 +221,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="bert,gpt", help="comma list of bert, gpt")
     parser.add_argument("--size", choices=sorted(SIZES), default="mini")
+    parser.add_argument(
+        "--vocab-size", type=int, help="default: the preset's (30,522 BERT, 50,304 GPT)"
+    )
     parser.add_argument("--steps", type=int, default=6, help="timed steps per implementation")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--quick", action="store_true", help="1 timed step after 1 warm-up")
@@ -232,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         for name in args.models.split(","):
             torch.manual_seed(0)
-            case = builders[name.strip()](args.size, device, autocast)
+            case = builders[name.strip()](args.size, device, autocast, vocab_size=args.vocab_size)
             results.append(
                 compare(case, measure(case, args.steps, args.warmup, device)) | {"dtype": dtype}
             )
@@ -245,6 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": machine(),
         "device": args.device,
         "size": args.size,
+        "vocab_size": args.vocab_size,
         "dtypes": dtypes,
         "threads": args.threads,
         "steps": args.steps,
@@ -300,7 +320,8 @@ def figures(report: dict) -> list[dict]:
 def table(report: dict) -> str:
     """The report as Markdown: a heading line and one row per model and dtype."""
     head = (
-        f"{report['device']}, {report['threads']} threads, median of {report['steps']} steps "
+        f"{report['device']}, {report['threads']} threads, vocabulary "
+        f"{report['vocab_size'] or 'of the preset'}, median of {report['steps']} steps "
         f"after {report['warmup']} warm-up (ours vs transformers {report['transformers']})"
     )
     rows = [
