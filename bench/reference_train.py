@@ -61,10 +61,9 @@ def compose_run(overrides: list[str]) -> Run:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from datamodules.pretrain import PretrainDataModule
     from pipeline.cli import register_resolvers
     from pipeline.config import ConfigError, check_config
-    from pipeline.pretrain import model_vocab_size
+    from pipeline.pretrain import build_datamodule, sized_model_config
     from tokenizer import get_tokenizer
 
     register_resolvers()
@@ -79,18 +78,9 @@ def compose_run(overrides: list[str]) -> Run:
     if cfg.trainer.accumulate_grad_batches != 1:
         raise BenchError("the reference loop does no gradient accumulation; drop that override")
     tokenizer = get_tokenizer(plan.tokenizer, plan.corpus, cfg.paths.cache_dir)
-    vocab = model_vocab_size(tokenizer.get_vocab_size(), plan.family)
-    datamodule = PretrainDataModule(
-        plan.corpus,
-        tokenizer,
-        plan.tokenizer.kind,
-        plan.objective,
-        cfg.paths.cache_dir,
-        seed=cfg.seed,
-        **cfg.datamodule,
-    )
+    datamodule = build_datamodule(cfg, plan, tokenizer)  # accumulation 1: one micro-batch
     datamodule.setup("fit")
-    return Run(cfg, plan.family, dataclasses.replace(plan.model, vocab_size=vocab), datamodule)
+    return Run(cfg, plan.family, sized_model_config(plan, tokenizer), datamodule)
 
 
 def build_model(family: str, model_config, device: torch.device) -> torch.nn.Module:

@@ -49,6 +49,7 @@ __all__ = [
     "expect_family",
     "inference_autocast",
     "load_pretrained",
+    "model_state",
     "read_checkpoint",
     "require_keys",
     "resolve_device",
@@ -154,14 +155,20 @@ def _load_lightning_checkpoint(path: Path) -> Pretrained:
             )
     family, config = checkpoint_model_config(path, checkpoint["model_config"])
     tokenizer, kind = checkpoint_tokenizer(path, checkpoint["tokenizer"])
-    state = {
+    state = model_state(checkpoint)
+    model = _build_model(path, family, config, state)
+    _check_vocab(path, tokenizer, config.vocab_size)
+    return Pretrained(family, model, tokenizer, kind, path)
+
+
+def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model's weights in a Lightning checkpoint, with the LightningModule's `model.` prefix
+    removed (metric states and other module attributes left out)."""
+    return {
         key.removeprefix(STATE_PREFIX): value
         for key, value in checkpoint["state_dict"].items()
         if key.startswith(STATE_PREFIX)
     }
-    model = _build_model(path, family, config, state)
-    _check_vocab(path, tokenizer, config.vocab_size)
-    return Pretrained(family, model, tokenizer, kind, path)
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

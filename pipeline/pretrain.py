@@ -89,6 +89,27 @@ def launcher_rank() -> int:
     return 0
 
 
+def sized_model_config(plan: RunPlan, tokenizer: Tokenizer):
+    """The run's model config with the vocabulary size its tokenizer needs."""
+    return dataclasses.replace(
+        plan.model, vocab_size=model_vocab_size(tokenizer.get_vocab_size(), plan.family)
+    )
+
+
+def build_datamodule(cfg: DictConfig, plan: RunPlan, tokenizer: Tokenizer) -> PretrainDataModule:
+    """The run's datamodule: its corpus and objective, batches of whole optimizer steps."""
+    return PretrainDataModule(
+        plan.corpus,
+        tokenizer,
+        plan.tokenizer.kind,
+        plan.objective,
+        cfg.paths.cache_dir,
+        seed=cfg.seed,
+        micro_batches=cfg.trainer.accumulate_grad_batches,
+        **cfg.datamodule,
+    )
+
+
 def assemble(
     cfg: DictConfig,
     plan: RunPlan,
@@ -99,19 +120,8 @@ def assemble(
 ) -> tuple[PretrainModule, PretrainDataModule, L.Trainer]:
     """The LightningModule, datamodule and Trainer of a run, as the config describes them
     (`resume_id`: the wandb run that a resumed run continues)."""
-    model_config = dataclasses.replace(
-        plan.model, vocab_size=model_vocab_size(tokenizer.get_vocab_size(), plan.family)
-    )
-    datamodule = PretrainDataModule(
-        plan.corpus,
-        tokenizer,
-        plan.tokenizer.kind,
-        plan.objective,
-        cfg.paths.cache_dir,
-        seed=cfg.seed,
-        micro_batches=cfg.trainer.accumulate_grad_batches,
-        **cfg.datamodule,
-    )
+    model_config = sized_model_config(plan, tokenizer)
+    datamodule = build_datamodule(cfg, plan, tokenizer)
     module = module_for(plan.family)(
         model_config,
         optimizer=instantiate(cfg.optim),

@@ -34,11 +34,11 @@ from models.gpt import GPT, GPTModel
 from models.heads import DocumentClassifier, SequenceClassifier, sequence_loss
 from pipeline.checkpoints import model_config_record
 from pipeline.load import (
-    STATE_PREFIX,
     CheckpointLoadError,
     checkpoint_model_config,
     checkpoint_tokenizer,
     load_pretrained,
+    model_state,
     read_checkpoint,
 )
 from pipeline.optim import build_optimizer
@@ -226,16 +226,17 @@ class Finetuned:
     config: dict[str, Any]
 
 
-def finetuned_checkpoint(path: str | os.PathLike) -> Path | None:
+def finetuned_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
     """The fine-tuned checkpoint `path` names (a file, or a fine-tuning run folder's best
-    checkpoint), or None when it is not one (a pretraining checkpoint or an HF folder)."""
+    checkpoint) and its contents, or None when it is not one (a pretraining checkpoint or an
+    HF folder)."""
     path = Path(path).expanduser()
     if path.is_dir():
         candidates = [path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt"]
         path = next((c for c in candidates if c.is_file()), path)
     if path.is_file() and path.suffix == ".ckpt":
         checkpoint = read_checkpoint(path)
-        return path if FINETUNE_KEY in checkpoint else None
+        return (path, checkpoint) if FINETUNE_KEY in checkpoint else None
     return None
 
 
@@ -251,20 +252,20 @@ def load_finetuned(path: str | os.PathLike) -> Finetuned:
             f"ckpt={str(path)!r} does not exist; give a fine-tuning run folder "
             "(outputs/finetune/<task>/<run>/) or its checkpoints/best.ckpt"
         )
-    file = finetuned_checkpoint(path)
-    if file is None and Path(path).expanduser().is_dir():
+    found = finetuned_checkpoint(path)
+    if found is None and Path(path).expanduser().is_dir():
         holds = list(Path(path).expanduser().glob("checkpoints/*.ckpt"))
         if not holds:
             raise CheckpointLoadError(
                 f"{path} holds no checkpoints/best.ckpt or last.ckpt: the fine-tuning run did not "
                 "finish an epoch; give a finished run folder or a *.ckpt file"
             )
-    if file is None:
+    if found is None:
         raise CheckpointLoadError(
             f"{path} is not a fine-tuned model (no {FINETUNE_KEY!r} entry): it looks like a "
             "pretrained one; fine-tune it first with `make finetune task=... ckpt=...`"
         )
-    checkpoint = read_checkpoint(file)
+    file, checkpoint = found
     family, config = checkpoint_model_config(file, checkpoint.get("model_config"))
     tokenizer, kind = checkpoint_tokenizer(file, checkpoint.get("tokenizer"))
     try:
@@ -272,13 +273,8 @@ def load_finetuned(path: str | os.PathLike) -> Finetuned:
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointLoadError(f"{file}: damaged {FINETUNE_KEY!r} entry ({err!r})") from err
     module = TaskModule(BACKBONES[family](config), head, eval_splits=["dev"])
-    state = {
-        key.removeprefix(STATE_PREFIX): value
-        for key, value in checkpoint["state_dict"].items()
-        if key.startswith(STATE_PREFIX)
-    }
     try:
-        module.model.load_state_dict(state)
+        module.model.load_state_dict(model_state(checkpoint))
     except RuntimeError as err:
         raise CheckpointLoadError(
             f"{file}: the weights do not fit the stored architecture "
