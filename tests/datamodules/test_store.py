@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from datamodules.corpus import CorpusError
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
@@ -21,7 +22,7 @@ from datamodules.store import (
     token_dtype,
     tokenizer_hash,
 )
-from datamodules.store_build import open_or_build_store
+from datamodules.store_build import SENTENCE_MARK, open_or_build_store
 from tests.conftest import ListCorpus
 from tokenizer import special_ids
 
@@ -40,6 +41,34 @@ def test_bert_store_holds_every_sentence(bert_store, embedded, wordpiece):
         expected = [encode(wordpiece, s) for s in split_sentences(documents[index])]
         assert [s.tolist() for s in bert_store.sentences(index)] == [e for e in expected if e]
     assert bert_store.doc_offsets[-1] == bert_store.num_tokens == len(bert_store.tokens)
+
+
+def test_sentence_store_equals_encoding_each_sentence_alone(wordpiece, tmp_path, small_docs):
+    """Documents are encoded whole with a marker between sentences; the store must hold exactly
+    what encoding each sentence alone gives, for documents that hold the marker character, a
+    sentence that encodes to nothing (first, middle or last), blank documents and [SEP] text."""
+    encoder = Tokenizer.from_str(wordpiece.to_str())
+    encoder.encode_special_tokens = True
+    docs = [
+        small_docs[0],
+        f"A marker {SENTENCE_MARK} inside. Its sentences are encoded apart.",
+        "\u200b.\nMiddle one. \u200b. Then [SEP] text.\n\u200b",
+        "   ",
+        small_docs[1],
+        "One sentence only",
+    ]
+    # chunk_mb small enough that the documents span several chunks
+    store, stats = open_or_build_store(ListCorpus(docs), wordpiece, BERT, tmp_path, chunk_mb=1e-4)
+    expected = []
+    for doc in docs:
+        sentences = [encode(encoder, s) for s in split_sentences(doc)]
+        if sentences := [s for s in sentences if s]:
+            expected.append(sentences)
+    assert stats.skipped_documents == 1
+    assert store.num_documents == len(expected)
+    for index, sentences in enumerate(expected):
+        assert [s.tolist() for s in store.sentences(index)] == sentences
+    assert wordpiece.get_vocab_size() not in store.tokens  # no marker id left
 
 
 def test_gpt_store_ends_documents_with_eos(gpt_store, embedded, bpe):
