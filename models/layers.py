@@ -225,7 +225,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if grad_h is not None:
                     grad_h[start:end] = dlogits @ w
                 if grad_w is not None:
-                    grad_w.addmm_(dlogits.T.to(acc), h.to(acc))
+                    if dtype == acc:
+                        grad_w.addmm_(dlogits.T, h)
+                    else:  # the matmul in the autocast dtype (as unfused autocast runs it)
+                        grad_w.add_(dlogits.T @ h)
         # Kept as attributes, not saved tensors: they are private buffers that backward scales
         # in place (no second V x D allocation) and hands over, hence one backward per forward.
         ctx.grads = (grad_h, grad_w.to(w_VD.dtype) if grad_w is not None else None)

@@ -133,6 +133,29 @@ def test_linear_cross_entropy_without_grad_and_under_bf16_autocast():
     torch.testing.assert_close(loss, expected, rtol=0.05, atol=0.05)
 
 
+@pytest.mark.parametrize("chunk_rows", [None, 5])
+def test_linear_cross_entropy_grads_under_bf16_autocast_match_unfused_autocast(chunk_rows):
+    """Under autocast the gradient matmuls run in bf16 (as autograd's would), accumulated over
+    chunks in float32: the gradients agree with unfused autocast to bf16 precision."""
+    torch.manual_seed(0)
+    N, D, V = 64, 32, 200
+    h0, w0 = torch.randn(N, D), torch.randn(V, D) * 0.3
+    targets = torch.randint(0, V, (N,))
+    grads = []
+    for fused in (True, False):
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if fused:
+                loss = linear_cross_entropy(h, w, targets, chunk_rows=chunk_rows)
+            else:
+                loss = F.cross_entropy(F.linear(h, w).float(), targets)
+        loss.backward()
+        grads.append((h.grad, w.grad))
+    for ours, unfused in zip(*grads, strict=True):
+        assert ours.dtype == torch.float32
+        torch.testing.assert_close(ours, unfused, rtol=0.03, atol=2e-4)
+
+
 def test_linear_cross_entropy_refuses_a_second_backward():
     h, w = torch.randn(4, 8, requires_grad=True), torch.randn(16, 8, requires_grad=True)
     loss = linear_cross_entropy(h, w, torch.randint(0, 16, (4,)))
