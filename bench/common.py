@@ -39,6 +39,16 @@ def require_data(path: Path, what: str) -> Path:
     return path
 
 
+def allocator() -> str:
+    """The memory allocator this process (and its children) run with: a preloaded one, or glibc."""
+    for library in os.environ.get("LD_PRELOAD", "").replace(":", " ").split():
+        name = Path(library).name
+        for known in ("tcmalloc", "jemalloc"):
+            if known in name:
+                return known
+    return "glibc"
+
+
 def machine() -> dict:
     """Where the figures were measured: host, CPU, cores, library versions."""
     import torch
@@ -64,6 +74,8 @@ def machine() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers_version,
+        # the Makefile preloads tcmalloc when installed; both sides of every ratio share it
+        "allocator": allocator(),
         # other work on the machine skews the ratios: 1, 5 and 15-minute averages
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }

@@ -92,7 +92,8 @@ def markdown(report: dict, sections: dict[str, str]) -> str:
         "",
         f"{m['cpu']}, {m['cpus']} CPUs"
         + (f", {m['gpu']}" if m["gpu"] else "")
-        + f"; torch {m['torch']}, transformers {m['transformers']}; {kind}, "
+        + f"; torch {m['torch']}, transformers {m['transformers']}; "
+        f"{m.get('allocator', 'glibc')} allocator (both sides); {kind}, "
         f"{report['minutes']:.0f} minutes. Load average (1 min) {report['load_average_before'][0]:.1f} "
         f"before, {m['load_average'][0]:.1f} after: other work on the machine skews the ratios. "
         "Ratios are ours / reference, measured in this run.",

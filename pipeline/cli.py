@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 RUN_STAMP_ENV = "LMPIPE_RUN_STAMP"
 FROM_MAKE_ENV = "LMPIPE_FROM_MAKE"
 # Make variables of the Makefile itself, never Hydra overrides.
-MAKE_ONLY_VARIABLES = {"ARGS", "PYTHON", "QUICK", "VENV"}
+MAKE_ONLY_VARIABLES = {"ALLOCATOR", "ARGS", "PYTHON", "QUICK", "VENV"}
 
 
 def run_stamp() -> str:

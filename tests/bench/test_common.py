@@ -8,6 +8,7 @@ import pytest
 
 from bench.common import (
     BenchError,
+    allocator,
     figure,
     figures_table,
     markdown_table,
@@ -72,3 +73,14 @@ def test_run_measured_reports_the_childs_own_peak_memory_and_failures(tmp_path):
 def test_missing_data_names_the_path_and_the_fix(tmp_path):
     with pytest.raises(BenchError, match=f"{tmp_path / 'nope'}.*LMPIPE_SHARED_DATA"):
         require_data(tmp_path / "nope", "WikiText-2")
+
+
+def test_allocator_names_the_preloaded_library(monkeypatch):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert allocator() == "glibc"
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+    assert allocator() == "tcmalloc"
+    monkeypatch.setenv("LD_PRELOAD", "/opt/libfoo.so:/usr/lib/libjemalloc.so.2")
+    assert allocator() == "jemalloc"
+    monkeypatch.setenv("LD_PRELOAD", "/opt/libfoo.so")
+    assert allocator() == "glibc"

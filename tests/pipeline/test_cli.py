@@ -21,6 +21,7 @@ TRICKY_ARGS = [
     "money=$HOME\\n",
     "+extra=[1,2]",
     "QUICK=1",
+    "ALLOCATOR=system",
     "ARGS=~logger.csv +x='a b'",
 ]
 
@@ -42,6 +43,25 @@ def test_overrides_survive_real_make(tmp_path):
     makeflags = (tmp_path / "flags.txt").read_text()
     assert parse_makeflags(makeflags) == TRICKY_ARGS
     assert overrides_from_make(makeflags) == [*TRICKY_ARGS[:7], "~logger.csv", "+x=a b"]
+
+
+def test_runs_preload_tcmalloc_when_installed_unless_allocator_system(tmp_path):
+    """`make pretrain` (and the benchmarks) run under tcmalloc when the library is installed;
+    ALLOCATOR=system runs glibc's malloc and is not handed to Hydra."""
+    libraries = [
+        Path(d) / "libtcmalloc_minimal.so.4"
+        for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
+    ]
+    installed = any(lib.is_file() for lib in libraries)
+
+    def dry_run(*args: str) -> str:
+        return subprocess.run(
+            ["make", "-n", *args], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+
+    for target in ("pretrain", "finetune", "bench"):
+        assert ("LD_PRELOAD=" in dry_run(target) and "tcmalloc" in dry_run(target)) == installed
+        assert "LD_PRELOAD" not in dry_run(target, "ALLOCATOR=system")
 
 
 def test_makeflags_without_variables():
