@@ -22,7 +22,7 @@ PRELOAD   := $(if $(and $(filter tcmalloc,$(ALLOCATOR)),$(TCMALLOC)),LD_PRELOAD=
 RUN    := LMPIPE_FROM_MAKE=1 $(PRELOAD) $(PY) -m
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock pretrain generate fill-mask finetune evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-memory lint format clean
+.PHONY: help setup lock pretrain generate fill-mask finetune evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-gpu bench-memory lint format clean
 
 help:  ## List the targets
 	@echo "usage: make <target> [hydra overrides...]   e.g. make pretrain model=gpt trainer.max_steps=50"
@@ -92,6 +92,9 @@ bench-data: $(STAMP)  ## Token-store MB/s vs raw tokenizer, loader batches/s (QU
 
 bench-loss: $(STAMP)  ## Time to loss: make pretrain vs a transformers loop, same budget (QUICK=1: short)
 	$(PRELOAD) $(PY) bench/bench_time_to_loss.py $(if $(QUICK),--quick) --out outputs/bench/time_to_loss.json
+
+bench-gpu: $(STAMP)  ## GPU only: bf16 BERT-base / GPT-124M tokens/s, MFU, memory vs transformers
+	$(PRELOAD) $(PY) bench/bench_gpu.py $(if $(QUICK),--quick) --out outputs/bench/gpu.json
 
 bench-memory: $(STAMP)  ## Peak RSS of data preparation and training, ours vs transformers (QUICK=1: short)
 	$(PRELOAD) $(PY) bench/bench_memory.py $(if $(QUICK),--quick) --out outputs/bench/memory.json

@@ -63,11 +63,15 @@ SIZES = {
 
 @dataclass
 class Case:
-    """One model pair: a step function per implementation and the tokens each step sees."""
+    """One model pair: a step function per implementation, the tokens each step sees, and the
+    shared config and shape (for FLOPs)."""
 
     name: str
     tokens: int
     steps: dict[str, Callable[[], None]]
+    config: BertConfig | GPTConfig
+    seq_len: int
+    batch: int
 
 
 def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -100,10 +104,13 @@ def bert_case(
     autocast: Autocast,
     seed: int = 0,
     vocab_size: int | None = None,
+    batch: int | None = None,
+    compile_ours: bool = False,
 ) -> Case:
     import transformers
 
     preset, T, B = SIZES[size]["bert"]
+    B = batch or B
     c = BertConfig.from_preset(preset, **({"vocab_size": vocab_size} if vocab_size else {}))
     hf = transformers.BertForPreTraining(
         transformers.BertConfig(
@@ -111,6 +118,8 @@ def bert_case(
         )
     ).to(device)
     ours = load_hf_bert(hf).to(device)
+    if compile_ours:
+        ours.compile()  # in place, as `module.compile=true` does in make pretrain
 
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(5, c.vocab_size, (B, T), generator=g)
@@ -153,6 +162,9 @@ def bert_case(
             "ours": _train_step(ours, _optimizer(ours), our_loss, autocast),
             "hf": _train_step(hf, _optimizer(hf), hf_loss, autocast),
         },
+        config=c,
+        seq_len=T,
+        batch=B,
     )
 
 
@@ -162,10 +174,13 @@ def gpt_case(
     autocast: Autocast,
     seed: int = 0,
     vocab_size: int | None = None,
+    batch: int | None = None,
+    compile_ours: bool = False,
 ) -> Case:
     import transformers
 
     preset, T, B = SIZES[size]["gpt"]
+    B = batch or B
     c = GPTConfig.from_preset(
         preset, max_seq_len=T, **({"vocab_size": vocab_size} if vocab_size else {})
     )
@@ -173,6 +188,8 @@ def gpt_case(
         transformers.LlamaConfig(**llama_hf_config(c), attn_implementation="sdpa")
     ).to(device)
     ours = load_hf_gpt(hf).to(device)
+    if compile_ours:
+        ours.compile()  # in place, as `module.compile=true` does in make pretrain
 
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(0, c.vocab_size, (B, T), generator=g).to(device)
@@ -192,6 +209,9 @@ def gpt_case(
             "ours": _train_step(ours, _optimizer(ours), our_loss, autocast),
             "hf": _train_step(hf, _optimizer(hf), hf_loss, autocast),
         },
+        config=c,
+        seq_len=T,
+        batch=B,
     )
 
 

@@ -175,18 +175,24 @@ def figure(
     *,
     at_least: float | None = None,
     at_most: float | None = None,
+    target_on: str = "ratio",
 ) -> dict:
     """One comparison: ratio = ours / reference, checked against at most one target.
 
-    A figure with a target whose value is missing (e.g. ours never reached the loss) is not
-    met; one without a target has `met` None.
+    The target applies to the ratio, or with `target_on="ours"` to our own value (an absolute
+    target such as MFU >= 0.45). A figure with a target whose value is missing (e.g. ours never
+    reached the loss) is not met; one without a target has `met` None.
     """
+    if target_on not in ("ratio", "ours"):
+        raise ValueError(f"target_on must be 'ratio' or 'ours', got {target_on!r}")
     ratio = ours / reference if ours is not None and reference else None
+    value = ratio if target_on == "ratio" else ours
+    prefix = "" if target_on == "ratio" else "ours "
     target, met = None, None
     if at_least is not None:
-        target, met = f">= {at_least:g}", ratio is not None and ratio >= at_least
+        target, met = f"{prefix}>= {at_least:g}", value is not None and value >= at_least
     elif at_most is not None:
-        target, met = f"<= {at_most:g}", ratio is not None and ratio <= at_most
+        target, met = f"{prefix}<= {at_most:g}", value is not None and value <= at_most
     return {
         "benchmark": benchmark,
         "name": name,

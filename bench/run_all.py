@@ -10,6 +10,8 @@ the same run on the same machine.
 2. Data: token-store MB/s and loader batches/s (`bench_data.py`).
 3. Time to loss, and with it memory: the peak RSS of those runs and of data preparation
    (`bench_time_to_loss.py`, `bench_memory.py`).
+4. On a machine with a CUDA GPU only: bf16 training at BERT-base and GPT-124M, tokens/s, MFU
+   and peak memory against transformers (`bench_gpu.py`).
 
 (They run in the order data, time to loss, models, so that missing shared data stops the run in
 its first seconds; the report keeps the order above.)
@@ -33,19 +35,33 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench import bench_data, bench_memory, bench_models, bench_time_to_loss
+import torch
+
+from bench import bench_data, bench_gpu, bench_memory, bench_models, bench_time_to_loss
 from bench.common import command_line, figures_table, machine, write_json
 
-BENCHMARKS = ("models", "data", "loss")  # the order of the report
+BENCHMARKS = ("models", "data", "loss", "gpu")  # the order of the report
 # The order of running: those that need the shared data first, so that its absence stops the run
 # at once.
-RUN_ORDER = ("data", "loss", "models")
+RUN_ORDER = ("data", "loss", "models", "gpu")
 TITLES = {
     "models": "Model step throughput",
     "data": "Data pipeline",
     "loss": "Time to loss",
     "memory": "Memory",
+    "gpu": "GPU training, bf16",
 }
+MODULES = {
+    "models": bench_models,
+    "data": bench_data,
+    "loss": bench_time_to_loss,
+    "gpu": bench_gpu,
+}
+
+
+def default_benchmarks() -> list[str]:
+    """Every benchmark; the GPU one only where torch sees a CUDA device."""
+    return [name for name in BENCHMARKS if name != "gpu" or torch.cuda.is_available()]
 
 
 def run_benchmarks(args: argparse.Namespace, work: Path) -> dict[str, dict]:
@@ -59,6 +75,7 @@ def run_benchmarks(args: argparse.Namespace, work: Path) -> dict[str, dict]:
             ["--out", str(work / "time_to_loss.json"), "--work-dir", str(work / "time_to_loss")],
             args.loss_args,
         ),
+        "gpu": (bench_gpu.main, ["--out", str(work / "gpu.json")], args.gpu_args),
     }
     reports = {}
     for name in (name for name in RUN_ORDER if name in args.only):
@@ -70,8 +87,7 @@ def run_benchmarks(args: argparse.Namespace, work: Path) -> dict[str, dict]:
 
 def tables(reports: dict[str, dict]) -> dict[str, str]:
     """Each benchmark's own table; memory comes from the time-to-loss runs."""
-    modules = {"models": bench_models, "data": bench_data, "loss": bench_time_to_loss}
-    out = {name: modules[name].table(report) for name, report in reports.items()}
+    out = {name: MODULES[name].table(report) for name, report in reports.items()}
     if "loss" in reports:
         out["memory"] = bench_memory.table(reports["loss"])
     return out
@@ -115,7 +131,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="every benchmark shortened")
     parser.add_argument(
-        "--only", default=",".join(BENCHMARKS), help="comma list of " + ", ".join(BENCHMARKS)
+        "--only",
+        default=",".join(default_benchmarks()),
+        help="comma list of " + ", ".join(BENCHMARKS) + " (default: all, gpu only with a GPU)",
     )
     parser.add_argument(
         "--results-dir", type=Path, help="default bench/results (quick: outputs/bench/results)"
