@@ -357,7 +357,8 @@ def _encode(
     ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), read_as, int(lengths.sum()))
     del encodings  # the Encoding objects are ~10x larger than the ids
     if settings.sentences:
-        ids, lengths = _split_at_marks(ids, lengths, marked.token_to_id(SENTENCE_MARK))
+        mark_id = marked.token_to_id(SENTENCE_MARK)
+        ids, lengths = _split_at_marks(ids, lengths, mark_id, chunk.apart)
         return _group_sentences(
             ids.astype(dtype), lengths, np.asarray(chunk.per_document), chunk.text_bytes
         )
@@ -369,14 +370,17 @@ def _encode(
 
 
 def _split_at_marks(
-    ids: np.ndarray, text_lengths: np.ndarray, mark_id: int
+    ids: np.ndarray, text_lengths: np.ndarray, mark_id: int, apart: list[int]
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ids without the sentence markers, and the length of each sentence.
 
     Every text ends a sentence and every marker ends one, so the token after m markers in text t
-    belongs to sentence t + m (sentences that encode to nothing get length 0)."""
-    is_mark = ids == mark_id
+    belongs to sentence t + m (sentences that encode to nothing get length 0). Texts `apart`
+    hold no marker (their ids come from the plain encoder, even if one equals `mark_id`)."""
     text_of = np.repeat(np.arange(len(text_lengths)), text_lengths)
+    is_mark = ids == mark_id
+    if apart:
+        is_mark &= ~np.isin(text_of, apart)
     sentence_of = text_of + np.cumsum(is_mark) - is_mark
     kept = ~is_mark
     n_sentences = len(text_lengths) + int(is_mark.sum())

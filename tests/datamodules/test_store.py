@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 
 from datamodules.corpus import CorpusError
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
@@ -69,6 +69,19 @@ def test_sentence_store_equals_encoding_each_sentence_alone(wordpiece, tmp_path,
     for index, sentences in enumerate(expected):
         assert [s.tolist() for s in store.sentences(index)] == sentences
     assert wordpiece.get_vocab_size() not in store.tokens  # no marker id left
+
+
+def test_marker_character_in_the_vocabulary_stays_text(wordpiece, tmp_path):
+    """A tokenizer that already knows the marker character as a token: the marker maps to that
+    id, and a document containing the character must still keep it as a token."""
+    tokenizer = Tokenizer.from_str(wordpiece.to_str())
+    tokenizer.add_tokens([AddedToken(SENTENCE_MARK, normalized=False)])
+    plain = [f"Alpha beta {SENTENCE_MARK} gamma. Delta epsilon.", "Alpha beta. Gamma delta."]
+    store, _ = open_or_build_store(ListCorpus(plain), tokenizer, BERT, tmp_path)
+    for index, doc in enumerate(plain):
+        expected = [encode(tokenizer, s) for s in split_sentences(doc)]
+        assert [s.tolist() for s in store.sentences(index)] == expected
+    assert tokenizer.token_to_id(SENTENCE_MARK) in store.sentences(0)[0]
 
 
 def test_gpt_store_ends_documents_with_eos(gpt_store, embedded, bpe):
