@@ -22,7 +22,12 @@ from datamodules.store import (
     token_dtype,
     tokenizer_hash,
 )
-from datamodules.store_build import SENTENCE_MARK, open_or_build_store
+from datamodules.store_build import (
+    SENTENCE_MARK,
+    _joined,
+    _splits_alike,
+    open_or_build_store,
+)
 from tests.conftest import ListCorpus
 from tokenizer import special_ids
 
@@ -49,11 +54,14 @@ def test_sentence_store_equals_encoding_each_sentence_alone(wordpiece, tmp_path,
     sentence that encodes to nothing (first, middle or last), blank documents and [SEP] text."""
     encoder = Tokenizer.from_str(wordpiece.to_str())
     encoder.encode_special_tokens = True
+    long_document = " ".join(f"Sentence {i} of a long document." for i in range(2000))
     docs = [
         small_docs[0],
         f"A marker {SENTENCE_MARK} inside. Its sentences are encoded apart.",
         "\u200b.\nMiddle one. \u200b. Then [SEP] text.\n\u200b",
+        "\u200b\nA b.\n\u200b\nC d.",  # empty sentences first and in the middle
         "   ",
+        long_document,  # > 32k characters: several joined texts
         small_docs[1],
         "One sentence only",
     ]
@@ -69,6 +77,29 @@ def test_sentence_store_equals_encoding_each_sentence_alone(wordpiece, tmp_path,
     for index, sentences in enumerate(expected):
         assert [s.tolist() for s in store.sentences(index)] == sentences
     assert wordpiece.get_vocab_size() not in store.tokens  # no marker id left
+
+
+def test_tokenizers_that_treat_the_first_split_apart_encode_sentence_by_sentence(
+    wordpiece, tmp_path
+):
+    """Metaspace with prepend_scheme="first" marks only the text's first word: joining sentences
+    would change the others, so such a tokenizer's sentences are encoded one by one."""
+    spec = json.loads(wordpiece.to_str())
+    spec["pre_tokenizer"] = {
+        "type": "Metaspace",
+        "replacement": "\u2581",
+        "prepend_scheme": "first",
+        "split": True,
+    }
+    tokenizer = Tokenizer.from_str(json.dumps(spec))
+    assert not _splits_alike(tokenizer) and _splits_alike(wordpiece)
+    spec["pre_tokenizer"]["prepend_scheme"] = "always"
+    assert _splits_alike(Tokenizer.from_str(json.dumps(spec)))
+    docs = ["First sentence here. Second one there. Third at last.", "Only one sentence."]
+    store, _ = open_or_build_store(ListCorpus(docs), tokenizer, BERT, tmp_path)
+    for index, doc in enumerate(docs):
+        expected = [encode(tokenizer, s) for s in split_sentences(doc)]
+        assert [s.tolist() for s in store.sentences(index)] == expected
 
 
 def test_marker_character_in_the_vocabulary_stays_text(wordpiece, tmp_path):
@@ -240,3 +271,11 @@ def test_real_wikitext2_store(wiki_gpt_store, wikitext, bpe):
     assert wiki_gpt_store.num_tokens > 2_000_000
     first = next(iter(wikitext.documents()))
     assert bpe.decode(wiki_gpt_store.document(0)[:-1].tolist()) == first
+
+
+def test_long_documents_are_joined_into_several_texts_at_sentence_boundaries():
+    sentences = [f"Sentence {i} " + "x" * 90 for i in range(1000)]
+    texts = _joined(sentences)
+    assert len(texts) == 4 and all(len(t) < 33_000 for t in texts)
+    assert [s for t in texts for s in t.split(SENTENCE_MARK)] == sentences
+    assert _joined([]) == [] and _joined(["One."]) == ["One."]
