@@ -16,7 +16,7 @@ STAMP  := $(VENV)/.installed-$(shell sha256sum $(LOCK) 2>/dev/null | cut -c1-16)
 # tokens) fragment glibc's heap: on the CPU BERT mini, 100 steps peak at 2.0 GB RSS with glibc
 # and 1.0 GB with tcmalloc, which also steps ~10% faster (bench/NOTES.md, "Memory").
 ALLOCATOR ?= tcmalloc
-TCMALLOC  := $(firstword $(wildcard $(addsuffix /libtcmalloc_minimal.so.4,/usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib)))
+TCMALLOC  := $(firstword $(wildcard $(addsuffix /libtcmalloc_minimal.so.4,/usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/lib)))
 PRELOAD   := $(if $(and $(filter tcmalloc,$(ALLOCATOR)),$(TCMALLOC)),LD_PRELOAD=$(TCMALLOC) TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776)
 # Tells pipeline/cli.py to take the overrides given to make (recorded by make in MAKEFLAGS).
 RUN    := LMPIPE_FROM_MAKE=1 $(PRELOAD) $(PY) -m

@@ -1,6 +1,6 @@
 """GPU training throughput at BERT-base (seq 128) and a GPT-124M-class model (seq 1024) in bf16:
 tokens/s, sequences/s, MFU against the bf16 matmul peak measured in the same run, and peak step
-memory; ours (`torch.compile`, flash SDPA, as `make pretrain module.compile=true` runs it)
+memory; ours (`torch.compile`, SDPA, as `make pretrain module.compile=true` runs it)
 against transformers (`BertForPreTraining`, `LlamaForCausalLM`, sdpa, eager).
 
     python bench/bench_gpu.py [--quick] [--steps 20] [--warmup 5] [--bert-batch 256]
@@ -15,7 +15,14 @@ Targets of issue 8 on one H200: GPT-124M-class MFU >= 45%, BERT-base >= 3,000 se
   datasheet figure.
 - MFU = FLOPs per token x tokens/s / peak, with `models.flops.flops_per_token` (6 N + attention,
   PaLM's count; BERT's MLM head counted on the 15% masked tokens) for both implementations, so
-  the two MFUs compare useful work (transformers' BERT also scores MLM on every token).
+  the two MFUs compare useful work (transformers' BERT also scores MLM on every token). The
+  target is checked against the measured peak, as issue 8 asks; MFU against the datasheet bf16
+  peak (`pipeline.callbacks.BF16_PEAK_FLOPS`, what `make pretrain` logs; 989 TFLOP/s for an
+  H100/H200, which a plain matmul reaches only ~70-80% of) is reported beside it.
+- BERT's masks are redrawn every step (four precomputed draws in turn, as
+  `bench_models`), so a compiled model meets the changing number of masked tokens that real
+  batches bring. BERT's padding mask rules out SDPA's flash kernel (it runs the
+  memory-efficient one); GPT's causal attention runs flash.
 - Steps: fwd + bwd + fused AdamW on the same weights and inputs (`bench_models`' cases), each
   implementation timed over its own run of steps after its warm-up (compilation included in the
   warm-up), synchronized around each step; the median step gives tokens/s.
@@ -31,6 +38,7 @@ checks it; the targets only apply on CUDA at the base sizes.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -44,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from bench.bench_models import SIZES, Case, bert_case, gpt_case
 from bench.common import BenchError, command_line, figure, finish, machine, markdown_table, number
 from models import flops_per_token, param_count
+from pipeline.callbacks import device_peak_flops
 
 # Issue 8's targets, on a GPU at the base sizes.
 GPT_MFU_TARGET = 0.45
@@ -118,7 +127,9 @@ def resident_mb(case: Case) -> float:
     return 12 * param_count(case.config) / 2**20
 
 
-def run_case(case: Case, args: argparse.Namespace, device: torch.device, peak: float) -> dict:
+def run_case(
+    case: Case, args: argparse.Namespace, device: torch.device, peak: float, datasheet: float | None
+) -> dict:
     flops = flops_per_token(
         case.config, case.seq_len, mlm_fraction=MLM_FRACTION if case.name.startswith("bert") else 1
     )
@@ -136,6 +147,7 @@ def run_case(case: Case, args: argparse.Namespace, device: torch.device, peak: f
             "tokens_per_s": tokens_per_s,
             "sequences_per_s": case.batch / result["median_step_s"],
             "mfu": flops * tokens_per_s / peak,
+            "mfu_datasheet": flops * tokens_per_s / datasheet if datasheet else None,
         }
         if args.profile:
             profile_steps(step, device, args.profile / f"{case.name}_{impl}.txt")
@@ -165,7 +177,10 @@ def main(argv: list[str] | None = None) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
+    if unknown := {m.strip() for m in args.models.split(",")} - {"bert", "gpt"}:
+        parser.error(f"--models: unknown {sorted(unknown)}; use bert, gpt or bert,gpt")
     peak = matmul_peak(device, args.matmul_n or (8192 if device.type == "cuda" else 1024))
+    datasheet = device_peak_flops(device)
     print(f"bf16 matmul peak: {peak['flops_per_s'] / 1e12:.1f} TFLOP/s", flush=True)
 
     def autocast():
@@ -178,8 +193,10 @@ def main(argv: list[str] | None = None) -> dict:
         torch.manual_seed(0)
         case = build(args.size, device, autocast, batch=batch, compile_ours=not args.no_compile)
         print(f"{case.name}: batch {case.batch} x {case.seq_len}", flush=True)
-        results.append(run_case(case, args, device, peak["flops_per_s"]))
+        results.append(run_case(case, args, device, peak["flops_per_s"], datasheet))
         del case
+        gc.collect()
+        torch._dynamo.reset()  # let the compiled model go before the next one is built
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -195,6 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
         "steps": args.steps,
         "warmup": args.warmup,
         "peak": peak,
+        "datasheet_peak_flops_per_s": datasheet,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "results": results,
@@ -255,6 +273,7 @@ def table(report: dict) -> str:
                     number(r["tokens_per_s"]),
                     number(r["sequences_per_s"]),
                     f"{100 * r['mfu']:.1f}%",
+                    f"{100 * r['mfu_datasheet']:.1f}%" if r["mfu_datasheet"] else "—",
                     number(r["peak_step_mb"]),
                     number(row["resident_mb"]),
                 ]
@@ -265,7 +284,8 @@ def table(report: dict) -> str:
         "batch x seq",
         "tokens/s",
         "seq/s",
-        "MFU",
+        "MFU (measured peak)",
+        "MFU (datasheet)",
         "peak step MB",
         "resident MB",
     ]

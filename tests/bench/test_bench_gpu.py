@@ -36,10 +36,16 @@ def test_tiny_cpu_run_reports_throughput_and_mfu_of_both_models(tmp_path):
             assert r["tokens_per_s"] == pytest.approx(row["batch"] * 32 / r["median_step_s"])
             assert r["sequences_per_s"] == pytest.approx(row["batch"] / r["median_step_s"])
             assert r["mfu"] == pytest.approx(row["flops_per_token"] * r["tokens_per_s"] / peak)
+            assert r["mfu_datasheet"] is None  # no datasheet peak for a CPU
             table = (tmp_path / "profile" / f"{row['model']}_{impl}.txt").read_text()
             assert "Self CPU" in table
     assert all(f["target"] is None for f in report["figures"])  # CPU: no target applies
     assert "| gpt-tiny | ours | 2 x 32 |" in bench_gpu.table(report)
+
+
+def test_unknown_model_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        bench_gpu.main(["--device", "cpu", "--models", "bert,t5", "--out", str(tmp_path / "x")])
 
 
 @pytest.mark.slow
