@@ -63,6 +63,16 @@ class StepCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         self._last_global_step_saved = trainer.global_step  # resumed from it: on disk already
+        self._align_log_step = trainer.global_step > 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # Lightning's logging step (`_batches_that_stepped`) is saved before a batch is counted
+        # and given +1 when restored; the end-of-run checkpoint is saved after the count, so a
+        # run resumed from it would log every step one too high. One logged step per optimizer
+        # step: the first batch after a resume logs at the global step.
+        if self._align_log_step:
+            trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
+            self._align_log_step = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.fit_loop.epoch_loop._should_accumulate():

@@ -138,6 +138,22 @@ def test_final_checkpoint_is_written_when_steps_are_not_a_multiple_of_the_interv
     assert (directory / "step0000007.ckpt").is_file()
 
 
+def test_resuming_from_the_end_of_run_checkpoint_logs_the_next_steps(tmp_path):
+    """The end-of-run checkpoint is saved after Lightning counted the last batch; a run resumed
+    from it must log steps 5, 6, 7 after a first run's 0-4, not 6, 7, 8."""
+    run = ("model=gpt-tiny", "debug=smoke", "run_name=ended", "logger=csv")
+    first = run_pretrain(tmp_path, *run, "trainer.max_steps=5", "checkpoint.every_n_steps=100")
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = tmp_path / "out/gpt-tiny/ended"
+    ended = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(ended, weights_only=True)["global_step"] == 5
+    resumed = run_pretrain(tmp_path, *run, f"resume={ended}", "trainer.max_steps=8")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with open(run_dir / "logs" / "metrics.csv") as handle:
+        steps = [int(r["step"]) for r in csv.DictReader(handle) if r["train/loss"]]
+    assert steps == list(range(8))
+
+
 def test_newest_checkpoint_skips_a_damaged_file(tmp_path):
     directory = tmp_path / "checkpoints"
     directory.mkdir()
