@@ -222,34 +222,28 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def figures(report: dict) -> list[dict]:
-    """GPT: MFU (target on ours); BERT: sequences/s (target on ours). Targets apply on CUDA at
-    the base size only."""
+    """Per model, MFU and sequences/s of ours against transformers; the targets (on our value)
+    are GPT's MFU and BERT's sequences/s, on CUDA at the base size only."""
     on_target = report["device"].startswith("cuda") and report["size"] == "base"
+    measures = (  # key, name, unit, the family whose target it is, the target
+        ("mfu", "MFU", "fraction of peak", "gpt", GPT_MFU_TARGET),
+        ("sequences_per_s", "sequences/s", "seq/s", "bert", BERT_SEQ_PER_S_TARGET),
+    )
     rows = []
     for row in report["results"]:
         family = row["model"].split("-")[0]
-        rows.append(
-            figure(
-                "gpu",
-                f"{row['model']} MFU",
-                row["ours"]["mfu"],
-                row["hf"]["mfu"],
-                "fraction of peak",
-                at_least=GPT_MFU_TARGET if on_target and family == "gpt" else None,
-                target_on="ours",
+        for key, name, unit, target_family, target in measures:
+            rows.append(
+                figure(
+                    "gpu",
+                    f"{row['model']} {name}",
+                    row["ours"][key],
+                    row["hf"][key],
+                    unit,
+                    at_least=target if on_target and family == target_family else None,
+                    target_on="ours",
+                )
             )
-        )
-        rows.append(
-            figure(
-                "gpu",
-                f"{row['model']} sequences/s",
-                row["ours"]["sequences_per_s"],
-                row["hf"]["sequences_per_s"],
-                "seq/s",
-                at_least=BERT_SEQ_PER_S_TARGET if on_target and family == "bert" else None,
-                target_on="ours",
-            )
-        )
     return rows
 
 
