@@ -331,8 +331,7 @@ def _splits_alike(tokenizer: Tokenizer) -> bool:
 
 def _with_sentence_mark(encoder: Tokenizer) -> Tokenizer:
     """A copy of `encoder` that knows `SENTENCE_MARK` as one (non-special) added token."""
-    marked = Tokenizer.from_str(encoder.to_str())
-    marked.encode_special_tokens = True
+    marked = _encoder(encoder)
     marked.add_tokens([AddedToken(SENTENCE_MARK, normalized=False, special=False)])
     return marked
 
@@ -349,9 +348,12 @@ def _chunks(
     for document in documents:
         if sentences:
             pieces = split_sentences(document)
-            if join and SENTENCE_MARK in document:
-                apart.extend(range(len(texts), len(texts) + len(pieces)))
-            texts.extend(_joined(pieces) if join and SENTENCE_MARK not in document else pieces)
+            if join and SENTENCE_MARK not in document:
+                texts.extend(_joined(pieces))
+            else:
+                if join:  # the marker is text here: these sentences are encoded apart
+                    apart.extend(range(len(texts), len(texts) + len(pieces)))
+                texts.extend(pieces)
             per_document.append(len(pieces))
         else:
             texts.append(document)
