@@ -67,21 +67,22 @@ def default_benchmarks() -> list[str]:
 def run_benchmarks(args: argparse.Namespace, work: Path) -> dict[str, dict]:
     """The reports of the chosen benchmarks, each run with its own options."""
     quick = ["--quick"] if args.quick else []
-    calls = {
-        "models": (bench_models.main, ["--out", str(work / "models.json")], args.models_args),
-        "data": (bench_data.main, ["--out", str(work / "data.json")], args.data_args),
-        "loss": (
-            bench_time_to_loss.main,
-            ["--out", str(work / "time_to_loss.json"), "--work-dir", str(work / "time_to_loss")],
-            args.loss_args,
-        ),
-        "gpu": (bench_gpu.main, ["--out", str(work / "gpu.json")], args.gpu_args),
+    own_options = {  # each benchmark's output file (and work folder)
+        "models": ["--out", str(work / "models.json")],
+        "data": ["--out", str(work / "data.json")],
+        "loss": [
+            "--out",
+            str(work / "time_to_loss.json"),
+            "--work-dir",
+            str(work / "time_to_loss"),
+        ],
+        "gpu": ["--out", str(work / "gpu.json")],
     }
     reports = {}
     for name in (name for name in RUN_ORDER if name in args.only):
-        main, argv, extra = calls[name]
         print(f"\n=== {TITLES[name]} ===", flush=True)
-        reports[name] = main(quick + argv + shlex.split(extra))
+        extra = shlex.split(getattr(args, f"{name}_args"))
+        reports[name] = MODULES[name].main(quick + own_options[name] + extra)
     return {name: reports[name] for name in BENCHMARKS if name in reports}
 
 
