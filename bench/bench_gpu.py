@@ -49,38 +49,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.bench_models import SIZES, Case, bert_case, gpt_case
+from bench.bench_models import (
+    SIZES,
+    Case,
+    bert_case,
+    gpt_case,
+    matmul_peak,
+    synchronize,
+    useful_flops_per_token,
+)
 from bench.common import BenchError, command_line, figure, finish, machine, markdown_table, number
-from models import flops_per_token, param_count
+from models import param_count
 from pipeline.callbacks import device_peak_flops
 
 # Issue 8's targets, on a GPU at the base sizes.
 GPT_MFU_TARGET = 0.45
 BERT_SEQ_PER_S_TARGET = 3000.0
-MLM_FRACTION = 0.15  # share of tokens BERT's MLM head runs on (the recipe's masking rate)
-
-
-def matmul_peak(device: torch.device, n: int, reps: int = 20, trials: int = 5) -> dict:
-    """Best bf16 matmul FLOP/s of `reps` back-to-back `n x n` products, over `trials`."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        torch.mm(a, b, out=out)
-    rates = []
-    for _ in range(trials):
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(reps):
-            torch.mm(a, b, out=out)
-        _sync(device)
-        rates.append(2 * n**3 * reps / (time.perf_counter() - start))
-    return {"n": n, "reps": reps, "flops_per_s": max(rates), "trials_flops_per_s": rates}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure_implementation(
@@ -91,13 +75,13 @@ def measure_implementation(
         step()
     times, peaks = [], []
     for _ in range(steps):
-        _sync(device)
+        synchronize(device)
         if device.type == "cuda":
             before = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         step()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
         if device.type == "cuda":
             peaks.append(torch.cuda.max_memory_allocated(device) - before)
@@ -116,7 +100,7 @@ def profile_steps(step: Callable[[], None], device: torch.device, path: Path) ->
     with profile(activities=activities) as prof:
         for _ in range(3):
             step()
-        _sync(device)
+        synchronize(device)
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(prof.key_averages().table(sort_by=key, row_limit=30) + "\n")
@@ -130,9 +114,7 @@ def resident_mb(case: Case) -> float:
 def run_case(
     case: Case, args: argparse.Namespace, device: torch.device, peak: float, datasheet: float | None
 ) -> dict:
-    flops = flops_per_token(
-        case.config, case.seq_len, mlm_fraction=MLM_FRACTION if case.name.startswith("bert") else 1
-    )
+    flops = useful_flops_per_token(case)
     row = {
         "model": case.name,
         "seq_len": case.seq_len,

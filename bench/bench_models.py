@@ -1,7 +1,7 @@
 """Training-step throughput of our BERT and GPT against the Hugging Face references.
 
     python bench/bench_models.py [--quick] [--steps 6] [--warmup 2] [--dtype fp32,bf16]
-                                 [--out bench/results/models.json]
+                                 [--matmul-n 2048] [--out bench/results/models.json]
     make bench-models
 
 One fwd + bwd + AdamW step, same config, same weights (ours are imported from the HF model),
@@ -10,6 +10,13 @@ Both in fp32 and under bf16 autocast (`--dtype`, default both). Targets on a CPU
 sizes: ours >= 2.0x the tokens/s of transformers for BERT, >= 1.3x for GPT.
 Steps of the two implementations alternate after a warm-up, so clock drift hits both alike;
 the median step time gives tokens/s = batch * seq / median.
+
+MFU: useful FLOPs per second (`models.flops.flops_per_token`: 6 N + attention, BERT's MLM head
+on the masked 15%) over the matmul peak of the step's dtype measured first in the same run (the
+best of a few timed `n x n` products; `--matmul-n`, 2048 on a CPU). 1 / the reference's MFU is
+the ceiling on any speedup over it that the same useful work allows on this machine: where the
+reference already runs near the matmul peak, no implementation of the same model can reach a
+target above that ceiling.
 
 - BERT mini (4/256/4, seq 128, batch 32) vs `BertForPreTraining`: 15% of real tokens masked
   (a new draw each step, four in turn), NSP labels; HF scores MLM on every token (its API),
@@ -44,6 +51,7 @@ from bench.common import command_line, figure, finish, machine, markdown_table, 
 from models import (
     BertConfig,
     GPTConfig,
+    flops_per_token,
     load_hf_bert,
     load_hf_gpt,
     masked_positions_from_labels,
@@ -52,6 +60,8 @@ from models import (
 from models.hf import bert_hf_config, llama_hf_config
 
 MASK_DRAWS = 4  # BERT masks cycled through, one per step
+MLM_FRACTION = 0.15  # share of tokens BERT's MLM head runs on (the recipe's masking rate)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Targets of issue 8: ours / transformers tokens/s at the mini sizes on a CPU.
 CPU_TARGETS = {"bert": 2.0, "gpt": 1.3}
 
@@ -75,6 +85,49 @@ class Case:
     config: BertConfig | GPTConfig
     seq_len: int
     batch: int
+
+
+def useful_flops_per_token(case: Case) -> float:
+    """Training FLOPs per token that any implementation of the case's model must do
+    (`models.flops.flops_per_token`: 6 N + attention, BERT's MLM head on the masked 15%)."""
+    mlm_fraction = MLM_FRACTION if isinstance(case.config, BertConfig) else 1.0
+    return flops_per_token(case.config, case.seq_len, mlm_fraction=mlm_fraction)
+
+
+def matmul_peak(
+    device: torch.device,
+    n: int,
+    dtype: torch.dtype = torch.bfloat16,
+    reps: int = 20,
+    trials: int = 5,
+) -> dict:
+    """Best matmul FLOP/s of `reps` back-to-back `n x n` products in `dtype`, over `trials`."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        torch.mm(a, b, out=out)
+    rates = []
+    for _ in range(trials):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b, out=out)
+        synchronize(device)
+        rates.append(2 * n**3 * reps / (time.perf_counter() - start))
+    return {
+        "n": n,
+        "dtype": str(dtype).removeprefix("torch."),
+        "reps": reps,
+        "flops_per_s": max(rates),
+        "trials_flops_per_s": rates,
+    }
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -227,12 +280,10 @@ def measure(case: Case, steps: int, warmup: int, device: torch.device) -> dict[s
     """Step times per implementation, alternating implementations step by step."""
 
     def timed(step: Callable[[], None]) -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize(device)
         start = time.perf_counter()
         step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize(device)
         return time.perf_counter() - start
 
     for step in case.steps.values():
@@ -260,10 +311,13 @@ def main(argv: list[str] | None = None) -> dict:
         "--dtype", default="fp32,bf16", help="comma list of fp32, bf16 (bf16 = autocast)"
     )
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--matmul-n", type=int, help="peak matmul size (2048 on CPU, 8192 GPU)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/models.json"))
     args = parser.parse_args(argv)
+    peak_runs = {"reps": 5, "trials": 3}
     if args.quick:
         args.steps, args.warmup = 1, 1
+        peak_runs = {"reps": 2, "trials": 1}
     dtypes = [d.strip() for d in args.dtype.split(",")]
     if unknown := set(dtypes) - {"fp32", "bf16"}:
         parser.error(f"--dtype: unknown {sorted(unknown)}; use fp32, bf16 or fp32,bf16")
@@ -271,8 +325,11 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     builders = {"bert": bert_case, "gpt": gpt_case}
-    results = []
+    results, peaks = [], {}
+    matmul_n = args.matmul_n or (8192 if device.type == "cuda" else 2048)
     for dtype in dtypes:
+        peaks[dtype] = matmul_peak(device, matmul_n, DTYPES[dtype], **peak_runs)
+        print(f"{dtype} matmul peak: {peaks[dtype]['flops_per_s'] / 1e9:,.0f} GFLOP/s", flush=True)
 
         def autocast(dtype=dtype):
             return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
@@ -280,9 +337,8 @@ def main(argv: list[str] | None = None) -> dict:
         for name in args.models.split(","):
             torch.manual_seed(0)
             case = builders[name.strip()](args.size, device, autocast, vocab_size=args.vocab_size)
-            results.append(
-                compare(case, measure(case, args.steps, args.warmup, device)) | {"dtype": dtype}
-            )
+            times = measure(case, args.steps, args.warmup, device)
+            results.append(compare(case, times, peaks[dtype]["flops_per_s"]) | {"dtype": dtype})
             del case
 
     import transformers
@@ -297,6 +353,7 @@ def main(argv: list[str] | None = None) -> dict:
         "threads": args.threads,
         "steps": args.steps,
         "warmup": args.warmup,
+        "matmul_peaks": peaks,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "results": results,
@@ -305,21 +362,31 @@ def main(argv: list[str] | None = None) -> dict:
     return finish(report, table(report), args.out)
 
 
-def compare(case: Case, times: dict[str, list[float]]) -> dict:
-    """Median and best step times of both implementations, tokens/s and their ratios."""
-    row = {"model": case.name, "tokens_per_step": case.tokens}
+def compare(case: Case, times: dict[str, list[float]], peak_flops_per_s: float) -> dict:
+    """Median and best step times of both implementations, tokens/s, MFU and the ratios.
+
+    MFU is the useful FLOPs per second (`useful_flops_per_token`) over the matmul peak measured
+    in the same run. `speedup_ceiling` = 1 / the reference's MFU: the most any implementation
+    doing the same useful FLOPs could gain over the reference, were all its time spent in
+    matmuls at the peak rate.
+    """
+    flops = useful_flops_per_token(case)
+    row = {"model": case.name, "tokens_per_step": case.tokens, "flops_per_token": flops}
     for impl, ts in times.items():
         median, best = statistics.median(ts), min(ts)
+        tokens_per_s = case.tokens / median
         row[impl] = {
             "median_step_s": median,
             "best_step_s": best,
-            "tokens_per_s": case.tokens / median,
+            "tokens_per_s": tokens_per_s,
+            "mfu": flops * tokens_per_s / peak_flops_per_s,
             "steps_s": ts,
         }
     row["speedup"] = row["hf"]["median_step_s"] / row["ours"]["median_step_s"]
     # Shared or throttled CPUs make single steps noisy; the best-step ratio is the bound
     # that noise cannot inflate.
     row["speedup_best_step"] = row["hf"]["best_step_s"] / row["ours"]["best_step_s"]
+    row["speedup_ceiling"] = 1 / row["hf"]["mfu"]
     return row
 
 
@@ -347,10 +414,16 @@ def figures(report: dict) -> list[dict]:
 
 def table(report: dict) -> str:
     """The report as Markdown: a heading line and one row per model and dtype."""
+    peaks = ", ".join(
+        f"{dtype} {peak['flops_per_s'] / 1e9:,.0f} GFLOP/s"
+        for dtype, peak in report["matmul_peaks"].items()
+    )
     head = (
         f"{report['device']}, {report['threads']} threads, vocabulary "
         f"{report['vocab_size'] or 'of the preset'}, median of {report['steps']} steps "
-        f"after {report['warmup']} warm-up (ours vs transformers {report['transformers']})"
+        f"after {report['warmup']} warm-up (ours vs transformers {report['transformers']}); "
+        f"measured matmul peak {peaks}; ceiling = 1 / HF's MFU, the most any implementation "
+        "of the same useful FLOPs could gain at that peak"
     )
     rows = [
         [
@@ -360,10 +433,21 @@ def table(report: dict) -> str:
             number(row["hf"]["tokens_per_s"]),
             f"{row['speedup']:.2f}x",
             f"{row['speedup_best_step']:.2f}x",
+            f"{100 * row['ours']['mfu']:.0f}% / {100 * row['hf']['mfu']:.0f}%",
+            f"{row['speedup_ceiling']:.2f}x",
         ]
         for row in report["results"]
     ]
-    headers = ["model", "dtype", "ours tok/s", "HF tok/s", "ours / HF (median)", "(best step)"]
+    headers = [
+        "model",
+        "dtype",
+        "ours tok/s",
+        "HF tok/s",
+        "ours / HF (median)",
+        "(best step)",
+        "MFU ours / HF",
+        "ceiling",
+    ]
     return f"{head}\n\n{markdown_table(headers, rows)}"
 
 

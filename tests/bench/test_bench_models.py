@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
+import torch
 
 from bench import bench_models
+from models import flops_per_token
 
 
 def test_tiny_run_reports_both_models_in_both_dtypes(tmp_path):
     out = tmp_path / "models.json"
-    report = bench_models.main(
-        ["--size", "tiny", "--steps", "1", "--warmup", "0", "--device", "cpu", "--out", str(out)]
-    )
+    tiny = ["--size", "tiny", "--steps", "1", "--warmup", "0", "--matmul-n", "128"]
+    report = bench_models.main([*tiny, "--device", "cpu", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["dtypes"] == ["fp32", "bf16"]
+    peaks = report["matmul_peaks"]
+    assert {dtype: (p["n"], p["dtype"]) for dtype, p in peaks.items()} == {
+        "fp32": (128, "float32"),
+        "bf16": (128, "bfloat16"),
+    }
     assert [(r["model"], r["dtype"]) for r in report["results"]] == [
         ("bert-tiny", "fp32"),
         ("gpt-tiny", "fp32"),
@@ -32,7 +39,27 @@ def test_tiny_run_reports_both_models_in_both_dtypes(tmp_path):
             row["ours"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
         )
         assert fig["target"] is None  # the targets are for the mini sizes on a CPU
+        peak = peaks[row["dtype"]]["flops_per_s"]
+        assert peak == max(peaks[row["dtype"]]["trials_flops_per_s"]) > 0
+        for impl in ("ours", "hf"):
+            assert row[impl]["mfu"] == pytest.approx(
+                row["flops_per_token"] * row[impl]["tokens_per_s"] / peak
+            )
+        # The ceiling: the reference's step time over the step's useful FLOPs at the peak.
+        floor_s = row["flops_per_token"] * row["tokens_per_step"] / peak
+        assert row["speedup_ceiling"] == pytest.approx(row["hf"]["median_step_s"] / floor_s)
     assert "| bert-tiny | bf16 |" in bench_models.table(report)
+
+
+def test_useful_flops_count_the_bert_mlm_head_on_the_masked_share_only():
+    cpu = torch.device("cpu")
+    bert = bench_models.bert_case("tiny", cpu, contextlib.nullcontext)
+    gpt = bench_models.gpt_case("tiny", cpu, contextlib.nullcontext)
+    assert bench_models.useful_flops_per_token(bert) == pytest.approx(
+        flops_per_token(bert.config, bert.seq_len, mlm_fraction=0.15)
+    )
+    assert bench_models.useful_flops_per_token(bert) < flops_per_token(bert.config, bert.seq_len)
+    assert bench_models.useful_flops_per_token(gpt) == flops_per_token(gpt.config, gpt.seq_len)
 
 
 def test_cpu_targets_apply_to_the_mini_sizes():
