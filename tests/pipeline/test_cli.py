@@ -62,6 +62,27 @@ def test_runs_preload_tcmalloc_when_installed_unless_allocator_system(tmp_path):
         assert "LD_PRELOAD" not in make("-n", target, "ALLOCATOR=system")
 
 
+def test_an_unknown_or_missing_allocator_stops_make_with_the_fix():
+    def make(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        env = {**os.environ, **(env or {})}
+        return subprocess.run(["make", *args], cwd=REPO, capture_output=True, text=True, env=env)
+
+    unknown = make("-n", "pretrain", "ALLOCATOR=jemalloc")
+    assert unknown.returncode != 0
+    assert "ALLOCATOR=jemalloc is not known" in unknown.stderr
+    assert "ALLOCATOR=system" in unknown.stderr
+    # tcmalloc named on the command line or in the environment, but not installed (TCMALLOC=
+    # stands for a machine without it): an error naming the package; by default, glibc's malloc.
+    for named in (
+        make("-n", "pretrain", "ALLOCATOR=tcmalloc", "TCMALLOC="),
+        make("-n", "pretrain", "TCMALLOC=", env={"ALLOCATOR": "tcmalloc"}),
+    ):
+        assert named.returncode != 0
+        assert "libtcmalloc-minimal4" in named.stderr and "ALLOCATOR=system" in named.stderr
+    default = make("-n", "pretrain", "TCMALLOC=")
+    assert default.returncode == 0 and "LD_PRELOAD" not in default.stdout
+
+
 def test_makeflags_without_variables():
     assert parse_makeflags("") == []
     assert parse_makeflags("s -j2") == []
