@@ -23,7 +23,7 @@ from models.bert import BertForPreTraining, pretraining_loss
 from models.config import BertConfig, GPTConfig
 from models.flops import flops_per_token, param_count
 from models.gpt import GPT
-from pipeline.optim import build_optimizer
+from pipeline.optim import apply_hyperparameters, build_optimizer, group_hyperparameters
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ class PretrainModule(L.LightningModule):
         self.nonfinite_total = 0
         self._losses_finite: torch.Tensor | None = None  # in the current step so far
         self._totals: tuple[int, dict[str, torch.Tensor]] | None = None  # (step, totals)
+        self._configured_hyperparameters: list[dict] = []  # the optimizer's, as this run built it
         # No NaN screening in the metrics (it syncs the GPU on every update): a non-finite
         # training step is dropped whole in `on_before_optimizer_step`.
         names = self.metric_names()
@@ -163,6 +164,13 @@ class PretrainModule(L.LightningModule):
                 f"accumulates {self.trainer.accumulate_grad_batches}; pass the same number "
                 "(pipeline.pretrain.assemble does)"
             )
+        # After a resume the optimizer and schedule hold the checkpoint's hyperparameters; this
+        # run's config wins (a no-op for a fresh run).
+        scheduler = self.trainer.lr_scheduler_configs[0].scheduler
+        for change in apply_hyperparameters(
+            self.trainer.optimizers[0], scheduler, self._configured_hyperparameters
+        ):
+            log.warning("resumed with this run's optimizer setting, %s", change)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["nonfinite_steps"] = {
@@ -260,6 +268,7 @@ class PretrainModule(L.LightningModule):
 
     def configure_optimizers(self):
         optimizer = build_optimizer(self.model, self.optimizer_factory)
+        self._configured_hyperparameters = group_hyperparameters(optimizer)
         total = self.trainer.max_steps
         if total is None or total <= 0:
             raise ValueError("trainer.max_steps must be set: the schedule needs the run length")

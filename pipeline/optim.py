@@ -51,3 +51,55 @@ def build_optimizer(
     keywords = getattr(optimizer_factory, "keywords", {})
     groups = weight_decay_groups(model, keywords.get("weight_decay", 0.0))
     return optimizer_factory(groups)
+
+
+# What a resumed run takes from its own config rather than from the checkpoint.
+HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
+
+
+def group_hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Each param group's hyperparameters, as built (`lr` is the peak, before any schedule)."""
+    return [{k: g[k] for k in HYPERPARAMETERS if k in g} for g in optimizer.param_groups]
+
+
+def apply_hyperparameters(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    configured: list[dict],
+) -> list[str]:
+    """Give an optimizer and schedule restored from a checkpoint this run's hyperparameters.
+
+    Restoring a checkpoint brings back each group's learning rate, betas, eps and weight decay
+    with the optimizer's moments, so a resumed run would silently ignore new values in
+    `conf/optim/` (the schedule's shape already comes from this run's config). Here the
+    configured values win; the moments and step counts stay. A new peak learning rate rescales
+    the current one, so the schedule continues from the same point at the new height.
+
+    Args:
+        optimizer: the restored optimizer.
+        scheduler: its restored schedule (its `base_lrs` are the checkpoint's peaks).
+        configured: `group_hyperparameters` of the optimizer as this run built it.
+
+    Returns:
+        One line per value changed, e.g. "group 0 lr: 0.001 -> 0.0005".
+    """
+    if len(configured) != len(optimizer.param_groups):
+        raise ValueError(
+            f"the checkpoint's optimizer has {len(optimizer.param_groups)} parameter groups and "
+            f"this run's has {len(configured)}; they cannot be matched"
+        )
+    changes = []
+    for i, (group, wanted) in enumerate(zip(optimizer.param_groups, configured, strict=True)):
+        for key, value in wanted.items():
+            saved = scheduler.base_lrs[i] if key == "lr" else group[key]
+            if key == "betas":
+                saved, value = tuple(saved), tuple(value)
+            if saved == value:
+                continue
+            changes.append(f"group {i} {key}: {saved} -> {value}")
+            if key == "lr":
+                group["lr"] = group["lr"] / saved * value if saved else value
+                group["initial_lr"] = scheduler.base_lrs[i] = value
+            else:
+                group[key] = value
+    return changes

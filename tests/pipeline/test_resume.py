@@ -154,6 +154,34 @@ def test_resuming_from_the_end_of_run_checkpoint_logs_the_next_steps(tmp_path):
     assert steps == list(range(8))
 
 
+def test_a_resumed_run_trains_with_its_own_learning_rate(tmp_path):
+    """The checkpoint's optimizer state carries its learning rate; a run resumed with another
+    `optim.lr` must train at that one (with a warning), the schedule going on from the step."""
+    run = ("model=gpt-tiny", "debug=smoke", "logger=csv", "checkpoint.every_n_steps=100")
+    first = run_pretrain(tmp_path, *run, "run_name=first", "trainer.max_steps=5")
+    assert first.returncode == 0, first.stderr[-3000:]
+    ended = tmp_path / "out/gpt-tiny/first/checkpoints/last.ckpt"
+    peak = torch.load(ended, weights_only=True)["lr_schedulers"][0]["base_lrs"][0]
+
+    def resumed_lrs(name: str, *extra: str) -> tuple[dict[int, float], str]:
+        result = run_pretrain(
+            tmp_path, *run, f"run_name={name}", f"resume={ended}", "trainer.max_steps=8", *extra
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        with open(tmp_path / f"out/gpt-tiny/{name}/logs/metrics.csv") as handle:
+            rows = csv.DictReader(handle)
+            lrs = {int(r["step"]): float(r["train/lr"]) for r in rows if r["train/lr"]}
+        return lrs, result.stdout + result.stderr  # Hydra logs to stdout
+
+    same, same_log = resumed_lrs("same")
+    halved, halved_log = resumed_lrs("halved", f"optim.lr={peak / 2}")
+    assert sorted(halved) == sorted(same) == [5, 6, 7]
+    for step in same:
+        assert halved[step] == pytest.approx(same[step] / 2)
+    assert "optimizer setting" not in same_log
+    assert f"group 0 lr: {peak} -> {peak / 2}" in halved_log
+
+
 def test_newest_checkpoint_skips_a_damaged_file(tmp_path):
     directory = tmp_path / "checkpoints"
     directory.mkdir()
