@@ -53,6 +53,7 @@ from bench.bench_models import (
     SIZES,
     Case,
     bert_case,
+    default_matmul_n,
     gpt_case,
     matmul_peak,
     synchronize,
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gpt-batch", type=int, default=16, help="sequences of 1024 tokens")
     parser.add_argument("--quick", action="store_true", help="5 timed steps after 3")
     parser.add_argument("--no-compile", action="store_true", help="run ours eagerly")
-    parser.add_argument("--matmul-n", type=int, help="peak matmul size (8192 on GPU, 1024 CPU)")
+    parser.add_argument("--matmul-n", type=int, help="peak matmul size (8192 on GPU, 2048 CPU)")
     parser.add_argument("--profile", type=Path, help="write profiler op tables into this folder")
     parser.add_argument("--out", type=Path, default=Path("bench/results/gpu.json"))
     args = parser.parse_args(argv)
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     if unknown := {m.strip() for m in args.models.split(",")} - {"bert", "gpt"}:
         parser.error(f"--models: unknown {sorted(unknown)}; use bert, gpt or bert,gpt")
-    peak = matmul_peak(device, args.matmul_n or (8192 if device.type == "cuda" else 1024))
+    peak = matmul_peak(device, args.matmul_n or default_matmul_n(device), torch.bfloat16)
     datasheet = device_peak_flops(device)
     print(f"bf16 matmul peak: {peak['flops_per_s'] / 1e12:.1f} TFLOP/s", flush=True)
 

@@ -94,12 +94,13 @@ def useful_flops_per_token(case: Case) -> float:
     return flops_per_token(case.config, case.seq_len, mlm_fraction=mlm_fraction)
 
 
+def default_matmul_n(device: torch.device) -> int:
+    """Size of the peak's square matmuls: large enough to reach the device's peak rate."""
+    return 8192 if device.type == "cuda" else 2048
+
+
 def matmul_peak(
-    device: torch.device,
-    n: int,
-    dtype: torch.dtype = torch.bfloat16,
-    reps: int = 20,
-    trials: int = 5,
+    device: torch.device, n: int, dtype: torch.dtype, reps: int = 20, trials: int = 5
 ) -> dict:
     """Best matmul FLOP/s of `reps` back-to-back `n x n` products in `dtype`, over `trials`."""
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     builders = {"bert": bert_case, "gpt": gpt_case}
     results, peaks = [], {}
-    matmul_n = args.matmul_n or (8192 if device.type == "cuda" else 2048)
+    matmul_n = args.matmul_n or default_matmul_n(device)
     for dtype in dtypes:
         peaks[dtype] = matmul_peak(device, matmul_n, DTYPES[dtype], **peak_runs)
         print(f"{dtype} matmul peak: {peaks[dtype]['flops_per_s'] / 1e9:,.0f} GFLOP/s", flush=True)

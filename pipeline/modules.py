@@ -165,12 +165,14 @@ class PretrainModule(L.LightningModule):
                 "(pipeline.pretrain.assemble does)"
             )
         # After a resume the optimizer and schedule hold the checkpoint's hyperparameters; this
-        # run's config wins (a no-op for a fresh run).
-        scheduler = self.trainer.lr_scheduler_configs[0].scheduler
-        for change in apply_hyperparameters(
-            self.trainer.optimizers[0], scheduler, self._configured_hyperparameters
-        ):
-            log.warning("resumed with this run's optimizer setting, %s", change)
+        # run's config wins (on every rank; said once).
+        if self.trainer.ckpt_path is not None and self._configured_hyperparameters:
+            scheduler = self.trainer.lr_scheduler_configs[0].scheduler
+            changes = apply_hyperparameters(
+                self.trainer.optimizers[0], scheduler, self._configured_hyperparameters
+            )
+            for change in changes if self.trainer.is_global_zero else []:
+                log.warning("resumed with this run's optimizer setting, optim.%s", change)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["nonfinite_steps"] = {

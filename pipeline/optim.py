@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -71,9 +72,11 @@ def apply_hyperparameters(
 
     Restoring a checkpoint brings back each group's learning rate, betas, eps and weight decay
     with the optimizer's moments, so a resumed run would silently ignore new values in
-    `conf/optim/` (the schedule's shape already comes from this run's config). Here the
-    configured values win; the moments and step counts stay. A new peak learning rate rescales
-    the current one, so the schedule continues from the same point at the new height.
+    `conf/optim/`. Here the configured values win; the moments and step counts stay. The
+    schedule's shape (and length, `trainer.max_steps`) is this run's already; the learning rate
+    of the step about to run is set from it at the (possibly new) peak, so the first resumed
+    step runs where this run's schedule says, exactly as an uninterrupted run with this config
+    would at that step. (A schedule other than `LambdaLR` is only rescaled by the new peak.)
 
     Args:
         optimizer: the restored optimizer.
@@ -81,12 +84,13 @@ def apply_hyperparameters(
         configured: `group_hyperparameters` of the optimizer as this run built it.
 
     Returns:
-        One line per value changed, e.g. "group 0 lr: 0.001 -> 0.0005".
+        One line per distinct change, e.g. "lr: 0.001 -> 0.0005" (a change that several
+        parameter groups share is listed once).
     """
     if len(configured) != len(optimizer.param_groups):
         raise ValueError(
-            f"the checkpoint's optimizer has {len(optimizer.param_groups)} parameter groups and "
-            f"this run's has {len(configured)}; they cannot be matched"
+            f"the optimizer has {len(optimizer.param_groups)} parameter groups but "
+            f"{len(configured)} were configured; they cannot be matched"
         )
     changes = []
     for i, (group, wanted) in enumerate(zip(optimizer.param_groups, configured, strict=True)):
@@ -96,10 +100,17 @@ def apply_hyperparameters(
                 saved, value = tuple(saved), tuple(value)
             if saved == value:
                 continue
-            changes.append(f"group {i} {key}: {saved} -> {value}")
+            changes.append(f"{key}: {saved} -> {value}")
             if key == "lr":
-                group["lr"] = group["lr"] / saved * value if saved else value
+                if not isinstance(scheduler, LambdaLR):
+                    group["lr"] = group["lr"] / saved * value if saved else value
                 group["initial_lr"] = scheduler.base_lrs[i] = value
             else:
                 group[key] = value
-    return changes
+    if isinstance(scheduler, LambdaLR):
+        for group, base, factor in zip(
+            optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+        ):
+            group["lr"] = base * factor(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    return list(dict.fromkeys(changes))

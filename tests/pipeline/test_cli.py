@@ -45,14 +45,24 @@ def test_overrides_survive_real_make(tmp_path):
     assert overrides_from_make(makeflags) == [*TRICKY_ARGS[:7], "~logger.csv", "+x=a b"]
 
 
+def make_repo(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`make` in the repository, free of the make settings this test run may have inherited
+    (e.g. `make test ALLOCATOR=system`)."""
+    inherited = ("ALLOCATOR", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    clean = {k: v for k, v in os.environ.items() if k not in inherited}
+    return subprocess.run(
+        ["make", *args], cwd=REPO, capture_output=True, text=True, env={**clean, **(env or {})}
+    )
+
+
 def test_runs_preload_tcmalloc_when_installed_unless_allocator_system(tmp_path):
     """`make pretrain` (and the benchmarks) run under tcmalloc when the library is installed;
     ALLOCATOR=system runs glibc's malloc and is not handed to Hydra."""
 
     def make(*args: str) -> str:
-        return subprocess.run(
-            ["make", *args], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout
+        result = make_repo(*args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
 
     found = make("-s", "--eval=show-tcmalloc: ; @echo $(TCMALLOC)", "show-tcmalloc").strip()
     assert not found or (Path(found).is_file() and "libtcmalloc" in found)
@@ -63,10 +73,7 @@ def test_runs_preload_tcmalloc_when_installed_unless_allocator_system(tmp_path):
 
 
 def test_an_unknown_or_missing_allocator_stops_make_with_the_fix():
-    def make(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        env = {**os.environ, **(env or {})}
-        return subprocess.run(["make", *args], cwd=REPO, capture_output=True, text=True, env=env)
-
+    make = make_repo
     unknown = make("-n", "pretrain", "ALLOCATOR=jemalloc")
     assert unknown.returncode != 0
     assert "ALLOCATOR=jemalloc is not known" in unknown.stderr
@@ -81,6 +88,11 @@ def test_an_unknown_or_missing_allocator_stops_make_with_the_fix():
         assert "libtcmalloc-minimal4" in named.stderr and "ALLOCATOR=system" in named.stderr
     default = make("-n", "pretrain", "TCMALLOC=")
     assert default.returncode == 0 and "LD_PRELOAD" not in default.stdout
+    # Only the jobs that run under the allocator stop; help, setup and test do not.
+    assert make("help", "ALLOCATOR=jemalloc").returncode == 0
+    assert make("-n", "test", "ALLOCATOR=tcmalloc", "TCMALLOC=").returncode == 0
+    several = make("-n", "pretrain", "ALLOCATOR=tcmalloc system")
+    assert several.returncode != 0 and "is not known" in several.stderr
 
 
 def test_makeflags_without_variables():

@@ -163,23 +163,23 @@ def test_a_resumed_run_trains_with_its_own_learning_rate(tmp_path):
     ended = tmp_path / "out/gpt-tiny/first/checkpoints/last.ckpt"
     peak = torch.load(ended, weights_only=True)["lr_schedulers"][0]["base_lrs"][0]
 
-    def resumed_lrs(name: str, *extra: str) -> tuple[dict[int, float], str]:
-        result = run_pretrain(
-            tmp_path, *run, f"run_name={name}", f"resume={ended}", "trainer.max_steps=8", *extra
-        )
+    def logged_lrs(name: str, *extra: str) -> tuple[dict[int, float], str]:
+        result = run_pretrain(tmp_path, *run, f"run_name={name}", "trainer.max_steps=8", *extra)
         assert result.returncode == 0, result.stderr[-3000:]
         with open(tmp_path / f"out/gpt-tiny/{name}/logs/metrics.csv") as handle:
             rows = csv.DictReader(handle)
             lrs = {int(r["step"]): float(r["train/lr"]) for r in rows if r["train/lr"]}
         return lrs, result.stdout + result.stderr  # Hydra logs to stdout
 
-    same, same_log = resumed_lrs("same")
-    halved, halved_log = resumed_lrs("halved", f"optim.lr={peak / 2}")
+    same, same_log = logged_lrs("same", f"resume={ended}")
+    halved, halved_log = logged_lrs("halved", f"resume={ended}", f"optim.lr={peak / 2}")
+    fresh, _ = logged_lrs("fresh")  # 8 steps from scratch: the schedule the resumed runs follow
     assert sorted(halved) == sorted(same) == [5, 6, 7]
-    for step in same:
+    for step in same:  # this run's 8-step schedule from the first resumed step on
+        assert same[step] == pytest.approx(fresh[step])
         assert halved[step] == pytest.approx(same[step] / 2)
     assert "optimizer setting" not in same_log
-    assert f"group 0 lr: {peak} -> {peak / 2}" in halved_log
+    assert halved_log.count(f"optim.lr: {peak} -> {peak / 2}") == 1
 
 
 def test_newest_checkpoint_skips_a_damaged_file(tmp_path):
