@@ -171,8 +171,9 @@ class PretrainModule(L.LightningModule):
             changes = apply_hyperparameters(
                 self.trainer.optimizers[0], scheduler, self._configured_hyperparameters
             )
-            for change in changes if self.trainer.is_global_zero else []:
-                log.warning("resumed with this run's optimizer setting, optim.%s", change)
+            if self.trainer.is_global_zero:
+                for change in changes:
+                    log.warning("resumed with this run's optimizer setting, optim.%s", change)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["nonfinite_steps"] = {
