@@ -1,5 +1,5 @@
 # The front door. Every target that runs Python first makes sure .venv is installed from
-# requirements.lock (re-installed when the lock file changes).
+# requirements.lock (re-installed when the content of the lock file or pyproject.toml changes).
 #
 # Hydra overrides go straight after the target:   make pretrain model=gpt trainer.max_steps=50
 # Overrides that make cannot take as variables (~key, or several words) go in ARGS:
@@ -9,7 +9,11 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 LOCK   := requirements.lock
-STAMP  := $(VENV)/.installed-$(shell sha256sum $(LOCK) 2>/dev/null | cut -c1-16)
+# The stamp is named by a hash of what the install reads (the lock file, and pyproject.toml for
+# `pip install -e .`), so the decision is by content: a new checkout or `touch` keeps the
+# environment (git sets mtimes, so a rule on mtimes reinstalled after every clone), an edit
+# reinstalls. The rule has no prerequisites on purpose: the name is the whole test.
+STAMP  := $(VENV)/.installed-$(shell sha256sum $(LOCK) pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
 # Memory allocator of the runs and benchmarks: tcmalloc when it is installed (Debian/Ubuntu:
 # apt install libtcmalloc-minimal4), glibc's otherwise or with ALLOCATOR=system. Batches whose
 # shapes change from step to step (BERT: padded to the longest pair, a varying number of masked
@@ -33,8 +37,8 @@ help:  ## List the targets
 	@echo
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
-$(STAMP): $(LOCK) pyproject.toml
-	@echo "setting up $(VENV) from $(LOCK) (first run only; re-done when the lock file changes)"
+$(STAMP):
+	@echo "setting up $(VENV) from $(LOCK) (first run only; re-done when $(LOCK) or pyproject.toml changes)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r $(LOCK)
 	$(PY) -m pip install --quiet --no-deps -e .

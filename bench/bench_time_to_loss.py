@@ -212,7 +212,8 @@ def step_timing(rows: list[dict], val_batches: int, warmup: int = 1) -> dict[str
     """Median seconds between training steps (after `warmup`) and seconds per validation
     batch, from the clock of a run that logged every step and validated after its last."""
     train = {row["step"]: row["elapsed_s"] for row in rows if "train/loss" in row["metrics"]}
-    gaps = [train[step] - train[step - 1] for step in sorted(train) if step - 1 >= warmup]
+    # steps are numbered from 1: the gap before step s is step s's time, warm-up steps left out
+    gaps = [train[step] - train[step - 1] for step in sorted(train) if step - 1 > warmup]
     validations = [row for row in rows if "val/loss" in row["metrics"]]
     if not gaps or not validations or validations[-1]["step"] not in train:
         raise BenchError("the timing run of ours logged too few steps; see its log")
@@ -226,11 +227,11 @@ def step_timing(rows: list[dict], val_batches: int, warmup: int = 1) -> dict[str
 def validation_points(rows: list[dict]) -> list[dict]:
     """(steps done, seconds since training began, val loss) of each validation ours logged.
 
-    Lightning logs a validation's metrics at the index of the last step taken: steps done - 1.
+    Rows are logged at the steps done (`pipeline.loggers.numbered_from_one`).
     """
     return [
         {
-            "step": row["step"] + 1,
+            "step": row["step"],
             "time_s": row["elapsed_s"],
             "val_loss": row["metrics"]["val/loss"],
         }

@@ -2,7 +2,10 @@
 
 Every corpus yields documents as strings (paragraphs separated by "\\n") one at a time, so nothing
 ever holds the whole corpus in memory, and has a `fingerprint()` that changes whenever its content or
-reading settings change (it keys the tokenizer and token-store caches).
+reading settings change (it keys the tokenizer and token-store caches). Every field of a corpus is
+in its fingerprint unless declared `_NOT_IN_KEY` with the reason, so a new setting keys the caches
+without anyone remembering to add it (`data.errors` was once forgotten, and a cache built with
+`errors=replace` was reused by an `errors=skip` run).
 
 Sources:
 - `EmbeddedCorpus`: the English documentation prose that CPython ships (`pydoc_data.topics`), on
@@ -24,14 +27,19 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, get_args
 
 log = logging.getLogger(__name__)
 
 DocSplit = Literal["file", "blank_line", "wikitext"]
+HFDocSplit = Literal["record", "wikitext"]
 Errors = Literal["strict", "replace", "skip"]
 _WIKITEXT_ARTICLE = re.compile(r"^ = [^=].* = $")
+# Field metadata key of the settings that cannot change the documents read, mapped to the reason;
+# every other field is part of the fingerprint (`_fingerprint`).
+_NOT_IN_KEY = "not_in_key"
+_PATHS_REASON = "resolved to files, whose path, size and mtime are in the fingerprint"
 
 
 class CorpusError(ValueError):
@@ -45,9 +53,32 @@ def _hash(*parts: object) -> str:
     return digest.hexdigest()[:16]
 
 
-def _file_stat_key(path: str) -> list:
-    st = os.stat(path)
-    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+def _fingerprint(corpus: object, content: object) -> str:
+    """The fingerprint of `corpus`: its type, every field not declared `_NOT_IN_KEY`, and
+    `content`, what identifies the text read (file stats, a dataset fingerprint, ...)."""
+    settings = {
+        f.name: getattr(corpus, f.name) for f in fields(corpus) if _NOT_IN_KEY not in f.metadata
+    }
+    return _hash(type(corpus).__name__, settings, content)
+
+
+def _check_choice(key: str, value: object, choices: Any) -> None:
+    """Raise a CorpusError naming `key` unless `value` is one of the `Literal` type `choices`."""
+    allowed = get_args(choices)
+    if value not in allowed:
+        raise CorpusError(
+            f"{key}={value!r} is not one of {', '.join(allowed)}; e.g. {key}={allowed[0]}"
+        )
+
+
+def _files_key(paths: list[str]) -> list[list]:
+    """What identifies the content of `paths`, in reading order: each file's absolute path, size
+    and modification time (hashing the bytes would mean reading the corpus on every run)."""
+    keys = []
+    for path in paths:
+        st = os.stat(path)
+        keys.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
+    return keys
 
 
 def _resolve_paths(patterns: str | Iterable[str], what: str) -> list[str]:
@@ -118,7 +149,7 @@ class EmbeddedCorpus:
     def fingerprint(self) -> str:
         from pydoc_data.topics import topics
 
-        return _hash("embedded", self.min_chars, sorted(topics.items()))
+        return _fingerprint(self, sorted(topics.items()))
 
     def describe(self) -> str:
         return "embedded CPython documentation (pydoc_data.topics)"
@@ -136,17 +167,13 @@ class TextFilesCorpus:
             "replace" (U+FFFD), "skip" (drop the line, logged).
     """
 
-    paths: list[str] | str = field(default_factory=list)
+    paths: list[str] | str = field(default_factory=list, metadata={_NOT_IN_KEY: _PATHS_REASON})
     doc_split: DocSplit = "blank_line"
     errors: Errors = "strict"
 
     def __post_init__(self) -> None:
-        if self.doc_split not in ("file", "blank_line", "wikitext"):
-            raise CorpusError(
-                f"data.doc_split={self.doc_split!r} is not one of file, blank_line, wikitext"
-            )
-        if self.errors not in ("strict", "replace", "skip"):
-            raise CorpusError(f"data.errors={self.errors!r} is not one of strict, replace, skip")
+        _check_choice("data.doc_split", self.doc_split, DocSplit)
+        _check_choice("data.errors", self.errors, Errors)
         self.files = _resolve_paths(self.paths, "text file")
 
     def documents(self) -> Iterator[str]:
@@ -169,7 +196,7 @@ class TextFilesCorpus:
         return False
 
     def fingerprint(self) -> str:
-        return _hash("text", self.doc_split, self.errors, [_file_stat_key(p) for p in self.files])
+        return _fingerprint(self, _files_key(self.files))
 
     def describe(self) -> str:
         return f"{len(self.files)} text file(s) ({self.doc_split} documents)"
@@ -182,13 +209,16 @@ class JsonlCorpus:
     Attributes:
         paths: glob patterns or file paths (.jsonl, optionally .gz).
         text_field: the record field holding the text.
+        errors: what to do with invalid UTF-8, as in `TextFilesCorpus` ("skip" drops the line,
+            and so the record).
     """
 
-    paths: list[str] | str = field(default_factory=list)
+    paths: list[str] | str = field(default_factory=list, metadata={_NOT_IN_KEY: _PATHS_REASON})
     text_field: str = "text"
     errors: Errors = "strict"
 
     def __post_init__(self) -> None:
+        _check_choice("data.errors", self.errors, Errors)
         self.files = _resolve_paths(self.paths, "JSONL")
 
     def documents(self) -> Iterator[str]:
@@ -203,7 +233,7 @@ class JsonlCorpus:
                 yield _field(record, self.text_field, f"{path}:{number}")
 
     def fingerprint(self) -> str:
-        return _hash("jsonl", self.text_field, [_file_stat_key(p) for p in self.files])
+        return _fingerprint(self, _files_key(self.files))
 
     def describe(self) -> str:
         return f"{len(self.files)} JSONL file(s), field {self.text_field!r}"
@@ -231,9 +261,9 @@ class ParquetCorpus:
         batch_rows: rows read at a time.
     """
 
-    paths: list[str] | str = field(default_factory=list)
+    paths: list[str] | str = field(default_factory=list, metadata={_NOT_IN_KEY: _PATHS_REASON})
     text_field: str = "text"
-    batch_rows: int = 4096
+    batch_rows: int = field(default=4096, metadata={_NOT_IN_KEY: "how many rows a read takes"})
 
     def __post_init__(self) -> None:
         self.files = _resolve_paths(self.paths, "Parquet")
@@ -254,7 +284,7 @@ class ParquetCorpus:
                         yield text
 
     def fingerprint(self) -> str:
-        return _hash("parquet", self.text_field, [_file_stat_key(p) for p in self.files])
+        return _fingerprint(self, _files_key(self.files))
 
     def describe(self) -> str:
         return f"{len(self.files)} Parquet file(s), column {self.text_field!r}"
@@ -279,7 +309,10 @@ class HFDatasetCorpus:
     config: str | None = "wikitext-103-raw-v1"
     split: str = "train"
     text_field: str = "text"
-    doc_split: Literal["record", "wikitext"] = "wikitext"
+    doc_split: HFDocSplit = "wikitext"
+
+    def __post_init__(self) -> None:
+        _check_choice("data.doc_split", self.doc_split, HFDocSplit)
 
     @functools.cached_property
     def _dataset(self):
@@ -319,15 +352,7 @@ class HFDatasetCorpus:
             yield doc
 
     def fingerprint(self) -> str:
-        return _hash(
-            "hf",
-            self.name,
-            self.config,
-            self.split,
-            self.text_field,
-            self.doc_split,
-            self._dataset._fingerprint,
-        )
+        return _fingerprint(self, self._dataset._fingerprint)
 
     def describe(self) -> str:
         return f"Hugging Face dataset {self.name}/{self.config} [{self.split}]"

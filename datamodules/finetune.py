@@ -325,6 +325,14 @@ class FinetuneDataModule(L.LightningDataModule):
         return list(self.predict_task.files) if self.predict_task is not None else []
 
     @property
+    def sequence_length(self) -> int:
+        """The longest sequence a batch can hold, special tokens included: `max_seq_len`, or
+        for sliding windows a window and the special tokens around it."""
+        if not self.chunked:
+            return self.max_seq_len
+        return self.window + sum(len(w) for w in self._wrap)
+
+    @property
     def chunked(self) -> bool:
         """Whether batches hold sliding-window chunks of documents (`chunk_doc` in the batch)."""
         return self.task.long_text is not None and self.task.long_text.mode == "window"
@@ -413,8 +421,9 @@ class FinetuneDataModule(L.LightningDataModule):
 
     def _check_not_empty(self, task: TaskSpec, split: str) -> None:
         if not self._examples[split]:
-            source = task.path(task.train_split if split not in task.files else split)
-            raise TaskDataError(f"task {task.name!r}: the {split} split ({source}) has no examples")
+            raise TaskDataError(
+                f"task {task.name!r}: the {split} split ({task.source(split)}) has no examples"
+            )
 
     def _labels(self, examples: list[Example], labelled: bool) -> np.ndarray:
         if self.task.is_regression:

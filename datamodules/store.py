@@ -1,7 +1,11 @@
 """The token store: a corpus tokenized once into flat arrays on disk, memory-mapped for reading.
 
 A store lives in `<cache_dir>/token_stores/<key>/`, where the key hashes everything its content
-depends on: the corpus fingerprint, the tokenizer (its full JSON) and the store settings. Files:
+depends on: the corpus fingerprint (every reading setting, `datamodules.corpus`), the tokenizer
+(its full JSON, and the `tokenizers` version that encodes with it), the store settings and
+`STORE_FORMAT`, which is bumped whenever the code that reads, splits or encodes changes what a
+store holds. Objective settings that only shape batches (seq_len, batch size, masking) are not in
+it: stores are shared by every run over the same tokens. Files:
 
     tokens.bin          all token ids, documents one after another: uint16 when the vocabulary
                         fits in 16 bits, else uint32. GPT stores end every document with the
@@ -32,6 +36,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from tokenizer import tokenizers_version
+
 STORE_FORMAT = 1
 TOKENS, DOCUMENTS, SENTENCES, DOC_SENTENCES = (
     "tokens.bin",
@@ -49,7 +55,7 @@ class StoreInvalidError(RuntimeError):
 
 @dataclass(frozen=True)
 class StoreSettings:
-    """How a corpus is turned into tokens; part of the cache key.
+    """How a corpus is turned into tokens; part of the cache key (every field).
 
     Attributes:
         sentences: split documents into sentences and record their offsets (BERT, for NSP).
@@ -72,6 +78,7 @@ def store_key(corpus_fingerprint: str, tokenizer_digest: str, settings: StoreSet
             "format": STORE_FORMAT,
             "corpus": corpus_fingerprint,
             "tokenizer": tokenizer_digest,
+            "tokenizers": tokenizers_version(),
             "settings": asdict(settings),
         },
         sort_keys=True,

@@ -41,6 +41,9 @@ PREDICT_KEYS = {"files", "text_columns", "id_column", "has_header", "format", "s
 FORMATS = ("tsv", "csv", "jsonl")
 CLASSIFICATION_METRICS = ("accuracy", "f1", "matthews")
 REGRESSION_METRICS = ("pearson", "spearman")
+# `task.metrics` null: these, by `task.kind`; the first is the main metric when
+# `task.main_metric` is null (Spearman selects STS-B models in the BERT paper).
+DEFAULT_METRICS = {"classification": ("accuracy",), "regression": ("spearman", "pearson")}
 _SUFFIX_FORMAT = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
 
 Column = str | int
@@ -69,10 +72,14 @@ class TaskSpec:
         has_header: whether TSV/CSV files start with a header line (ignored for JSON Lines).
         labels: the class names in id order; null collects the sorted distinct labels of the
             training file. Must be null for regression.
-        id_column: a column with example ids (kept with predictions); null uses the row number.
+        id_column: a column with example ids (kept with predictions); null uses the row number
+            (0-based, as GLUE's test files number their rows). A file to predict on that lacks
+            the column gets the row numbers too.
         metrics: metric names reported: accuracy, f1, matthews (classification), pearson,
-            spearman (regression).
-        main_metric: the metric that selects the best checkpoint; one of `metrics`.
+            spearman (regression); null: `DEFAULT_METRICS` of `kind` (accuracy; spearman and
+            pearson).
+        main_metric: the metric that selects the best checkpoint; one of `metrics`; null: the
+            first of `metrics`.
         skip_bad_rows: drop rows with the wrong number of fields (logged) instead of failing.
         dev_fraction: carve a "dev" split out of the training file (a seeded split, stratified by
             label) for a task that has no labelled dev file; null uses `files`.
@@ -97,8 +104,8 @@ class TaskSpec:
     has_header: bool = True
     labels: list[str] | None = None
     id_column: Column | None = None
-    metrics: list[str] = field(default_factory=lambda: ["accuracy"])
-    main_metric: str = "accuracy"
+    metrics: list[str] | None = None
+    main_metric: str | None = None
     skip_bad_rows: bool = False
     dev_fraction: float | None = None
     split_seed: int = 1234
@@ -109,7 +116,11 @@ class TaskSpec:
         # Hydra hands over ListConfig/DictConfig; keep plain containers from here on.
         self.text_columns = list(self.text_columns)
         self.files = {str(k): str(v) for k, v in dict(self.files).items()}
+        if self.metrics is None:
+            self.metrics = list(DEFAULT_METRICS.get(self.kind, ("accuracy",)))
         self.metrics = [str(m) for m in self.metrics]
+        if self.main_metric is None and self.metrics:
+            self.main_metric = self.metrics[0]
         if self.labels is not None:
             self.labels = [_label_text(v) for v in self.labels]
         if self.eval_splits is not None:
@@ -214,6 +225,12 @@ class TaskSpec:
             )
         return Path(os.path.expanduser(self.data_dir)) / self.files[split]
 
+    def source(self, split: str) -> Path:
+        """The file `split`'s examples come from: its own, or for the split that `dev_fraction`
+        carves out, the training file."""
+        carved = self.dev_fraction is not None and split == CARVED_DEV
+        return self.path(self.train_split if carved else split)
+
     @property
     def ordered_metrics(self) -> list[str]:
         """`metrics` with `main_metric` first (the order the metrics are computed and shown)."""
@@ -234,6 +251,11 @@ class TaskSpec:
         settings = dict(self.predict or {})
         if file is not None:
             path = Path(os.path.expanduser(str(file)))
+            if not path.is_file():
+                raise TaskDataError(
+                    f"predict.file={str(file)!r} does not exist (relative to {os.getcwd()}); "
+                    "give the path of a TSV, CSV or JSON Lines file of texts to label"
+                )
             settings["files"] = {"input": str(path.resolve())}
         elif not settings.get("files"):
             raise TaskDataError(
@@ -300,10 +322,7 @@ def read_examples(
     """
     path = spec.path(split)
     if not path.is_file():
-        raise TaskDataError(
-            f"task {spec.name!r}: the {split} file {path} does not exist; set task.data_dir "
-            f"(now {spec.data_dir!r}, relative to {os.getcwd()}) or task.files.{split}"
-        )
+        raise TaskDataError(_missing_file(spec, split, path, labelled))
     known = spec.labels if labels is None else labels
     allowed = None if spec.is_regression or known is None else set(known)
     examples: list[Example] = []
@@ -319,18 +338,34 @@ def read_examples(
     return examples
 
 
-def _wanted_columns(spec: TaskSpec, labelled: bool) -> list[Column]:
+def _missing_file(spec: TaskSpec, split: str, path: Path, labelled: bool) -> str:
+    """The error for a split's missing file, naming the settings that point to it (unlabelled
+    files are those of `task.predict.files`, see `TaskSpec.prediction_spec`)."""
+    key = f"task.files.{split}" if labelled else f"task.predict.files.{split}"
+    where = f"now {spec.data_dir!r}, relative to {os.getcwd()}"
+    other = "" if labelled else ", or label a file of your own with predict.file=PATH"
+    return (
+        f"task {spec.name!r}: the {split} file {path} does not exist; give the folder that "
+        f"holds {path.name} with task.data_dir=DIR ({where}), or the file with {key}=FILE"
+        f"{other}"
+    )
+
+
+def _wanted_columns(spec: TaskSpec, labelled: bool) -> tuple[list[Column], list[Column]]:
+    """(required, optional) columns of a read. The id column is optional in unlabelled files
+    (a file to predict on may have none: its examples are numbered by row)."""
     wanted = [*spec.text_columns, *([spec.label_column] if labelled else [])]
-    if spec.id_column is not None:
-        wanted.append(spec.id_column)
-    return wanted
+    if spec.id_column is None:
+        return wanted, []
+    return ([*wanted, spec.id_column], []) if labelled else (wanted, [spec.id_column])
 
 
 def _records(spec: TaskSpec, path: Path, fmt: str, labelled: bool) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, {column: value}) per row; columns are names and/or indices."""
-    wanted = _wanted_columns(spec, labelled)
+    """Yield (line number, {column: value}) per row; columns are names and/or indices; an
+    optional column the file lacks is left out."""
+    required, optional = _wanted_columns(spec, labelled)
     if fmt == "jsonl":
-        yield from _json_records(path, wanted)
+        yield from _json_records(path, required, optional)
         return
     dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {}
     with open(path, encoding="utf-8-sig", newline="") as handle:
@@ -338,16 +373,20 @@ def _records(spec: TaskSpec, path: Path, fmt: str, labelled: bool) -> Iterator[t
         header = next(reader, None) if spec.has_header else None
         if spec.has_header and header is None:
             raise TaskDataError(f"{path}: the file is empty; expected a header line")
-        index = _column_index(path, header, wanted)
+        index = (
+            None
+            if header is None
+            else _column_index(path, 1, header, len(header), required, optional)
+        )
         expected = len(header) if header is not None else None
         skipped = 0
         try:
             for row in reader:
                 if not row:  # a blank line
                     continue
-                if expected is None:  # no header: the first row sets the field count
+                if index is None:  # no header: the first row sets the field count
                     expected = len(row)
-                    _check_indices(path, reader.line_num, expected, wanted)
+                    index = _column_index(path, reader.line_num, None, expected, required, optional)
                 if len(row) != expected:
                     if spec.skip_bad_rows:
                         skipped += 1
@@ -358,7 +397,7 @@ def _records(spec: TaskSpec, path: Path, fmt: str, labelled: bool) -> Iterator[t
                         "line (a tab or line break inside a text?), or set "
                         "task.skip_bad_rows=true to drop such rows"
                     )
-                yield reader.line_num, {c: row[index[c]] for c in wanted}
+                yield reader.line_num, {c: row[i] for c, i in index.items()}
         except csv.Error as err:
             raise TaskDataError(
                 f"{path}:{reader.line_num}: unreadable {fmt.upper()} ({err}); check "
@@ -368,34 +407,50 @@ def _records(spec: TaskSpec, path: Path, fmt: str, labelled: bool) -> Iterator[t
             log.warning("%s: skipped %d rows with a wrong number of fields", path, skipped)
 
 
-def _column_index(path: Path, header: list[str] | None, wanted: list[Column]) -> dict:
-    if header is None:
-        return {c: c for c in wanted}
-    index = {}
-    for column in wanted:
-        if _is_name(column):
-            if column not in header:
-                raise TaskDataError(
-                    f"{path}:1: column {column!r} is not in the header {header}; set the task's "
-                    "text_columns/label_column/id_column to header names (or field indices)"
-                )
-            index[column] = header.index(column)
+def _column_index(
+    path: Path,
+    line: int,
+    header: list[str] | None,
+    fields: int,
+    required: list[Column],
+    optional: list[Column],
+) -> dict[Column, int]:
+    """The field position of each column of a row of `fields` fields (named by `header`, or
+    only by 0-based index when None); an optional column that is absent is left out."""
+    index: dict[Column, int] = {}
+    for column in [*required, *optional]:
+        position = _position(column, header, fields)
+        if position is not None:
+            index[column] = position
+        elif column in optional:
+            _log_row_ids(path, column)
+        elif _is_name(column):
+            raise TaskDataError(
+                f"{path}:1: column {column!r} is not in the header {header}; set the task's "
+                "text_columns/label_column/id_column to header names (or field indices)"
+            )
         else:
-            _check_indices(path, 1, len(header), [column])
-            index[column] = column
-    return index
-
-
-def _check_indices(path: Path, line: int, fields: int, wanted: list[Column]) -> None:
-    for column in wanted:
-        if not 0 <= int(column) < fields:
             raise TaskDataError(
                 f"{path}:{line}: column index {column} is out of range, the row has {fields} "
                 "fields (0-based indices); fix the task's column settings"
             )
+    return index
 
 
-def _json_records(path: Path, wanted: list[Column]) -> Iterator[tuple[int, dict]]:
+def _position(column: Column, header: list[str] | None, fields: int) -> int | None:
+    if _is_name(column):
+        return header.index(column) if header is not None and column in header else None
+    return int(column) if 0 <= int(column) < fields else None
+
+
+def _log_row_ids(path: Path, column: Column) -> None:
+    log.info("%s has no %r column: its examples are numbered by row, from 0", path, column)
+
+
+def _json_records(
+    path: Path, required: list[Column], optional: list[Column]
+) -> Iterator[tuple[int, dict]]:
+    absent: set[Column] = set()
     with open(path, encoding="utf-8-sig") as handle:
         for line, text in enumerate(handle, start=1):
             if not text.strip():
@@ -409,13 +464,18 @@ def _json_records(path: Path, wanted: list[Column]) -> Iterator[tuple[int, dict]
                 ) from None
             if not isinstance(record, dict):
                 raise TaskDataError(f"{path}:{line}: expected a JSON object, got {text.strip()!r}")
-            missing = [c for c in wanted if str(c) not in record]
+            missing = [c for c in required if str(c) not in record]
             if missing:
                 raise TaskDataError(
                     f"{path}:{line}: field(s) {missing} missing (the record has {list(record)}); "
                     "set the task's text_columns/label_column/id_column to field names"
                 )
-            yield line, {c: record[str(c)] for c in wanted}
+            for column in optional:
+                if str(column) not in record and column not in absent:
+                    absent.add(column)
+                    _log_row_ids(path, column)
+            present = [c for c in [*required, *optional] if str(c) in record]
+            yield line, {c: record[str(c)] for c in present}
 
 
 def _parse_label(

@@ -19,6 +19,7 @@ name, fsynced and renamed, so a crash never leaves a half-written checkpoint und
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -34,13 +35,12 @@ from tokenizers import Tokenizer
 
 from models.config import BertConfig, GPTConfig
 from pipeline.config import FAMILIES, ConfigError
-from pipeline.load import CheckpointLoadError, read_checkpoint
+from pipeline.load import TRAINED_SEQ_LEN, CheckpointLoadError, read_checkpoint, trained_seq_len
 from pipeline.loggers import wandb_run_record
+from pipeline.run_folder import CHECKPOINT_DIR, refuse_overwrite
 from tokenizer import atomic_path
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_DIR = "checkpoints"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -58,12 +58,18 @@ class StepCheckpoint(ModelCheckpoint):
     is mid-step, in particular right after a resume, as it does not remember which step it last
     saved), and at the end only when nothing was saved during the run, so a run stopped by
     `max_time` or with `max_steps` not a multiple of `every_n_steps` would lose its last steps.
+
+    On resume, the callback that keeps the best checkpoints also adopts the ones on disk that
+    its restored state does not know: a periodic checkpoint is saved before the validation of
+    its step, so the best file that validation wrote is newer than the state resumed from.
     """
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         self._last_global_step_saved = trainer.global_step  # resumed from it: on disk already
         self._align_log_step = trainer.global_step > 0
+        if trainer.global_step > 0 and self.monitor != "step":
+            self._adopt_saved_best(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # Lightning's logging step (`_batches_that_stepped`) is saved before a batch is counted
@@ -75,16 +81,66 @@ class StepCheckpoint(ModelCheckpoint):
             self._align_log_step = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.fit_loop.epoch_loop._should_accumulate():
+        if not step_boundary(trainer):
             return  # mid-step: the gradients of the step so far are in no checkpoint
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.save_last and self._last_global_step_saved != trainer.global_step:
+        self.save_step(trainer)
+        super().on_train_end(trainer, pl_module)
+
+    def save_step(self, trainer) -> Path | None:
+        """Save the current step's periodic checkpoint and `last.ckpt`, unless this step is
+        saved already (only the callback that keeps `last.ckpt` saves); returns `last.ckpt`."""
+        if not self.save_last:
+            return None
+        if self._last_global_step_saved != trainer.global_step:
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
-        super().on_train_end(trainer, pl_module)
+        return Path(self.last_model_path) if self.last_model_path else None
+
+    def _adopt_saved_best(self, trainer) -> None:
+        """Add this callback's files on disk to its best-k record (each file holds its own
+        score), then keep only the best `save_top_k` of them."""
+        prefix = self.filename.split("{")[0]
+        for path in sorted(Path(self.dirpath).glob(f"{prefix}*.ckpt")):
+            if str(path) in self.best_k_models:
+                continue
+            score = saved_score(path, self.state_key)
+            if score is not None:
+                self.best_k_models[str(path)] = score
+        if not self.best_k_models:
+            return
+        best_first = sorted(
+            self.best_k_models,
+            key=lambda p: float(self.best_k_models[p]),
+            reverse=self.mode == "max",
+        )
+        for path in best_first[self.save_top_k :]:
+            del self.best_k_models[path]
+            if Path(path).exists():
+                log.info("keep_best=%d: removing %s (a better one is kept)", self.save_top_k, path)
+                self._remove_checkpoint(trainer, path)
+        kept = best_first[: self.save_top_k]
+        self.best_model_path, self.kth_best_model_path = kept[0], kept[-1]
+        self.best_model_score = self.best_k_models[kept[0]]
+        self.kth_value = self.best_k_models[kept[-1]]
+
+
+def step_boundary(trainer: L.Trainer) -> bool:
+    """Whether the training batch that just ended completed an optimizer step."""
+    return not trainer.fit_loop.epoch_loop._should_accumulate()
+
+
+def saved_score(path: Path, state_key: str) -> torch.Tensor | None:
+    """The monitored score a best-k checkpoint file was saved with (None if unreadable)."""
+    try:
+        state = read_checkpoint(path)["callbacks"][state_key]
+        return state["best_k_models"].get(str(path), state["current_score"])
+    except (CheckpointLoadError, KeyError, TypeError) as err:  # not one of ours to rank
+        log.warning("not counting %s among the best checkpoints: %s", path, err)
+        return None
 
 
 def checkpoint_callbacks(
@@ -133,14 +189,23 @@ class CheckpointExtras(L.Callback):
     resumed from the checkpoint continues it.
     """
 
-    def __init__(self, tokenizer: Tokenizer, tokenizer_kind: str, config: dict[str, Any]):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        tokenizer_kind: str,
+        config: dict[str, Any],
+        trained_seq_len: int | None = None,
+    ):
         self.tokenizer = {"kind": tokenizer_kind, "json": tokenizer.to_str()}
         self.config = config
+        self.trained_seq_len = trained_seq_len
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         checkpoint["model_config"] = model_config_record(pl_module.model_config)
         checkpoint["tokenizer"] = self.tokenizer
         checkpoint["config"] = self.config
+        if self.trained_seq_len is not None:
+            checkpoint[TRAINED_SEQ_LEN] = self.trained_seq_len
         wandb_run = wandb_run_record(trainer.loggers)
         if wandb_run is not None:
             checkpoint["wandb"] = wandb_run
@@ -153,6 +218,9 @@ class CheckpointExtras(L.Callback):
             checkpoint["rng"] = [states]
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        earlier = trained_seq_len(checkpoint)  # a resumed run has trained the longer of both
+        if earlier is not None and self.trained_seq_len is not None:
+            self.trained_seq_len = max(self.trained_seq_len, earlier)
         saved = checkpoint.get("rng") or []
         if trainer.global_rank < len(saved):
             restore_rng_states(saved[trainer.global_rank])
@@ -197,23 +265,42 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
-def newest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint of a run folder with the highest global step (of equals, a periodic one
-    or last.ckpt rather than a best-by-validation one, which is saved after validation), or
-    None when it has none.
+def newest_checkpoint(run_dir: Path, *, set_aside_damaged: bool = False) -> Path | None:
+    """The checkpoint of a run folder with the highest global step, or None when it has none.
+
+    Of equal steps, a periodic `stepNNNNNNN.ckpt` comes first: `last.ckpt` holds the same state
+    but is overwritten as the resumed run goes on (the path a run prints as resumed from must
+    keep naming that state), and a best-by-validation one is saved after its step's validation.
 
     Files are atomic, so a file under a checkpoint name is complete unless damaged afterwards;
-    a damaged one is skipped with a warning.
+    a damaged one is skipped with a warning and, with `set_aside_damaged` (the run's own
+    folder, about to be written to), renamed to `<name>.damaged` so that the run's next
+    `last.ckpt` takes its place instead of a `last-v1.ckpt` beside it.
     """
     ranked = []
     for path in (run_dir / CHECKPOINT_DIR).glob("*.ckpt"):
         try:
             step = int(read_checkpoint(path).get("global_step", -1))
         except CheckpointLoadError as err:
+            if set_aside_damaged:
+                err = f"{err}; moved aside to {set_aside(path).name}"
             log.warning("skipping %s", err)
             continue
-        ranked.append((step, not path.name.startswith("best-"), path.stat().st_mtime, path))
+        kind = 0 if path.name.startswith("best-") else 1 if path.name == "last.ckpt" else 2
+        ranked.append((step, kind, path.stat().st_mtime, path))
     return max(ranked)[-1] if ranked else None
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged file to `<name>.damaged` (`.damaged-2`, ... if taken); never deletes."""
+    target = path.with_name(f"{path.name}.damaged")
+    number = 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}.damaged-{number}")
+    with contextlib.suppress(FileNotFoundError):  # another process of the run moved it first
+        path.rename(target)
+    return target
 
 
 def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
@@ -226,15 +313,10 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
         run_dir: this run's folder.
     """
     if resume is None:
-        existing = sorted((run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
-        if existing:
-            raise ConfigError(
-                f"run folder {run_dir} already has checkpoints ({existing[-1].name}, ...): pass "
-                "resume=auto to continue that run, or choose another run_name"
-            )
+        refuse_overwrite("pretrain", run_dir)
         return None
     if resume == "auto":
-        found = newest_checkpoint(run_dir)
+        found = newest_checkpoint(run_dir, set_aside_damaged=True)
         if found is None:
             log.info("resume=auto: no checkpoint in %s yet, starting from scratch", run_dir)
         return found

@@ -113,19 +113,38 @@ def overrides_from_make(makeflags: str) -> list[str]:
     return overrides + extra
 
 
-def entry_point(main: Callable[[], None], literal_keys: tuple[str, ...] = ()) -> None:
+def entry_point(
+    main: Callable[[], None], literal_keys: tuple[str, ...] = (), amends: tuple[str, ...] = ()
+) -> None:
     """Run a `@hydra.main` function, first adding the overrides given to make (when launched by
     the Makefile; the flag is consumed so that re-launched child processes do not add them
-    twice), and quoting the values of `literal_keys` (free text such as a prompt)."""
+    twice), quoting the values of `literal_keys` (free text such as a prompt), and letting
+    `<group>.key=value` amend a saved value for each group of `amends` (`amending_overrides`)."""
     register_resolvers()
     if os.environ.pop(FROM_MAKE_ENV, None):
         sys.argv.extend(overrides_from_make(os.environ.get("MAKEFLAGS", "")))
     if literal_keys:
         sys.argv[1:] = literal_text_overrides(sys.argv[1:], literal_keys)
+    for group in amends:
+        sys.argv[1:] = amending_overrides(sys.argv[1:], group)
     if is_sweep(sys.argv[1:]) and not {"-m", "--multirun"} & set(sys.argv[1:]):
         # make swallows `-m` (`make finetune -m seed=1,2,3`): a sweep value implies it.
         sys.argv.insert(1, "--multirun")
     main()
+
+
+def amending_overrides(args: list[str], group: str) -> list[str]:
+    """`group.key=value` overrides as `+group.key=value` when no `group=<name>` is chosen.
+
+    `make predict ckpt=RUN task.data_dir=DIR` amends the task the model was fine-tuned on (read
+    from its checkpoint), but that config has no `task` node for Hydra to override, and Hydra
+    refuses the key unless it is added with `+`: the same override then works in `make
+    finetune task=sst2 task.data_dir=DIR` and here, as error hints print it.
+    """
+    if any(a.partition("=")[0] == group for a in args):
+        return args
+    prefix = f"{group}."
+    return [f"+{a}" if a.startswith(prefix) and "=" in a else a for a in args]
 
 
 def is_sweep(args: list[str]) -> bool:

@@ -6,6 +6,7 @@ a message that names the config key; nothing has been trained, tokenized or writ
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +20,15 @@ from models.config import BertConfig, GPTConfig
 from pipeline.schedules import resolve_warmup
 from tokenizer import TokenizerSpec
 
+log = logging.getLogger(__name__)
+
 # model config type -> (family name, tokenizer kind, objective type)
 FAMILIES: dict[type, tuple[str, str, type]] = {
     BertConfig: ("bert", "wordpiece", MaskedLMObjective),
     GPTConfig: ("gpt", "bpe", CausalLMObjective),
 }
+# The longest position table allowed, as a multiple of the trained sequence length (BERT: 512/128).
+UNTRAINED_POSITIONS_RATIO = 4
 PRECISIONS = (None, "32", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 
 
@@ -87,6 +92,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
             f"objective.seq_len={objective.seq_len} exceeds model.max_seq_len="
             f"{model.max_seq_len}; lower the first or raise the second"
         )
+    _check_positions(model.max_seq_len, objective.seq_len)
     _check_optimizer(cfg.optim)
     _check_trainer(cfg.trainer)
     _check_run(cfg)
@@ -96,6 +102,30 @@ def check_config(cfg: DictConfig) -> RunPlan:
         raise ConfigError(str(err)) from err
     corpus = build("data", cfg.data)
     return RunPlan(family, model, tokenizer, objective, corpus)
+
+
+def _check_positions(max_seq_len: int, seq_len: int) -> None:
+    """Warn about a position table far longer than the sequences trained: its rows past
+    `seq_len` are parameters (BERT) or a context (GPT) that training never reaches.
+
+    Up to `UNTRAINED_POSITIONS_RATIO` times the trained length passes quietly, as BERT's recipe
+    builds a 512-position table and trains it at 128 tokens before a short 512-token phase (and
+    `objective.seq_len=64` on a preset is a common small-budget choice); fine-tuning warns
+    beyond the length trained, which checkpoints record.
+    """
+    if max_seq_len > UNTRAINED_POSITIONS_RATIO * seq_len:
+        log.warning(
+            "model.max_seq_len=%d is more than %dx the objective.seq_len=%d tokens trained: "
+            "positions %d-%d will never be trained (and only cost memory); set "
+            "model.max_seq_len=%d, or train longer sequences with objective.seq_len=%d",
+            max_seq_len,
+            UNTRAINED_POSITIONS_RATIO,
+            seq_len,
+            seq_len,
+            max_seq_len - 1,
+            seq_len,
+            max_seq_len,
+        )
 
 
 def _family_of(model: object) -> tuple[str, str, type]:
@@ -128,8 +158,20 @@ def _check_run(cfg: DictConfig) -> None:
     for key, (value, low) in at_least.items():
         if not isinstance(value, int) or value < low:
             raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
+    check_run_name(cfg.run_name)
     if cfg.resume is not None and not str(cfg.resume):
         raise ConfigError("resume is empty; use resume=auto, a *.ckpt file or a run folder")
+
+
+def check_run_name(name: object) -> None:
+    """`run_name` must name one folder inside the outputs folder."""
+    text = str(name)
+    if not text or text in (".", "..") or "/" in text or "\\" in text or "\0" in text:
+        raise ConfigError(
+            f"run_name={text!r} is not a folder name: it must be one name without '/' (and not "
+            "'.' or '..'), as runs are kept under outputs/<model>/<run_name>; e.g. "
+            "run_name=wiki-bert (paths.output_root=DIR moves all runs elsewhere)"
+        )
 
 
 def _check_trainer(trainer: DictConfig) -> None:

@@ -19,4 +19,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    entry_point(main)
+    entry_point(main, amends=("task",))

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 import math
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from pipeline.loggers import (
     tokenizer_fingerprint,
 )
 from pipeline.pretrain import best_precision
+from pipeline.run_folder import RESULTS, refuse_overwrite
 from pipeline.task_module import (
     Finetuned,
     HeadSpec,
@@ -61,8 +63,6 @@ from pipeline.task_module import (
 from tokenizer import atomic_path, write_text_atomic
 
 log = logging.getLogger(__name__)
-
-RESULTS = "results.json"
 
 
 def default_lr(config: BertConfig | GPTConfig) -> float:
@@ -90,6 +90,23 @@ def check_fits(max_seq_len: int, config: BertConfig | GPTConfig) -> None:
         raise ConfigError(
             f"datamodule.max_seq_len={max_seq_len} exceeds the model's {config.max_seq_len} "
             f"positions; use datamodule.max_seq_len={config.max_seq_len} or less"
+        )
+
+
+def warn_untrained_positions(sequence_length: int, trained: int | None, source: object) -> None:
+    """Warn when batches reach positions the model was never trained at (`trained`, recorded
+    in its checkpoint; None, e.g. an HF folder: unknown, no warning)."""
+    if trained is not None and sequence_length > trained:
+        log.warning(
+            "sequences of up to %d tokens, but %s was trained on at most %d: positions %d-%d "
+            "start untrained; use datamodule.max_seq_len=%d (long texts: sliding windows, "
+            "task=imdb_long) unless you mean to train them now",
+            sequence_length,
+            source,
+            trained,
+            trained,
+            sequence_length - 1,
+            trained,
         )
 
 
@@ -148,17 +165,27 @@ def finetune(cfg: DictConfig) -> dict[str, Any]:
         )
     L.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.paths.output_dir)
-    if (run_dir / RESULTS).exists() or (run_dir / "checkpoints").exists():
-        raise ConfigError(
-            f"{run_dir} already holds a fine-tuning run; choose another run_name= (or delete "
-            "the folder) so that its checkpoints and results are not mixed with a new run's"
-        )
+    refuse_overwrite("finetune", run_dir)
     task = task_from(cfg.get("task"))
-    backbone, tokenizer, kind, family = load_backbone(cfg.ckpt)
+    pretrained = load_backbone(cfg.ckpt)
+    backbone, tokenizer, kind, family = (
+        pretrained.model,
+        pretrained.tokenizer,
+        pretrained.tokenizer_kind,
+        pretrained.family,
+    )
     check_fits(cfg.datamodule.max_seq_len, backbone.config)
     if cfg.from_scratch:
         backbone = reinitialize(backbone)
     datamodule = build_datamodule(task, tokenizer, kind, dict(cfg.datamodule), cfg.seed)
+    length = datamodule.sequence_length
+    if cfg.from_scratch:  # every position starts random; this run trains up to `length`
+        trained = length
+    else:
+        warn_untrained_positions(length, pretrained.trained_seq_len, cfg.ckpt)
+        trained = (
+            None if pretrained.trained_seq_len is None else max(pretrained.trained_seq_len, length)
+        )
     datamodule.setup("fit")
     head = head_spec(cfg, task, datamodule.label_map)
     optimizer, lr = optimizer_factory(cfg, backbone.config)
@@ -190,7 +217,15 @@ def finetune(cfg: DictConfig) -> dict[str, Any]:
         cfg.trainer,
         precision=cfg.trainer.precision or best_precision(),
         logger=loggers or False,
-        callbacks=[CheckpointExtras(tokenizer, kind, config), checkpoint],
+        callbacks=[
+            CheckpointExtras(
+                tokenizer,
+                kind,
+                config,
+                trained_seq_len=trained,
+            ),
+            checkpoint,
+        ],
         plugins=[AtomicCheckpointIO()],
     )
     if trainer.is_global_zero:
@@ -226,7 +261,8 @@ def finetune(cfg: DictConfig) -> dict[str, Any]:
         "main_split": datamodule.eval_splits[0],
         "overrides": job_overrides(),
         "best": {
-            "epoch": int(best_checkpoint.get("epoch", 0)),
+            # numbered from 1, as every logger numbers them (pipeline.loggers.numbered_from_one)
+            "epoch": int(best_checkpoint.get("epoch", 0)) + 1,
             "step": int(best_checkpoint.get("global_step", 0)),
             "checkpoint": str(best_path),
             "metrics": split_metrics(merge(best), datamodule.eval_splits),
@@ -292,7 +328,7 @@ def print_finetune_summary(
 ) -> None:
     best = results["best"]
     print(
-        f"\nbest at epoch {best['epoch'] + 1} (step {best['step']}), chosen by "
+        f"\nbest at epoch {best['epoch']} (step {best['step']}), chosen by "
         f"{results['main_split']} {results['main_metric']}:"
     )
     for split, metrics in best["metrics"].items():
@@ -302,8 +338,11 @@ def print_finetune_summary(
     print(f"  checkpoint  {best['checkpoint']}")
     for name, where in (tracking or {}).items():
         print(f"  {name:<11} {where}")
-    print(f"next: make evaluate ckpt={run_dir}")
-    print(f"      make predict ckpt={run_dir}   (the task's test split, or predict.file=PATH)")
+    print(f"next: {shlex.join(['make', 'evaluate', f'ckpt={run_dir}'])}")
+    print(
+        f"      {shlex.join(['make', 'predict', f'ckpt={run_dir}'])}"
+        "   (the task's test split, or predict.file=PATH)"
+    )
 
 
 # --- make evaluate / make predict ---------------------------------------------------------------
@@ -312,16 +351,22 @@ def print_finetune_summary(
 def saved_or_given(cfg: DictConfig, tuned: Finetuned) -> tuple[TaskSpec, dict[str, Any]]:
     """The task and batch settings of an evaluate/predict run.
 
-    The task is the one given on the command line, else the one the model was fine-tuned on
-    (saved in its checkpoint, long-text settings included). `datamodule.max_seq_len` null
+    The task is the one given on the command line (`task=<name>`), else the one the model was
+    fine-tuned on (saved in its checkpoint, long-text settings included) with the command
+    line's `task.*` settings on top (`task.data_dir=DIR`, which `pipeline.cli.entry_point`
+    passes as `+task.data_dir`: a node without `_target_`). `datamodule.max_seq_len` null
     means the fine-tuning value; the other batch settings are the command line's."""
     saved = OmegaConf.create(tuned.config)
-    task_node = cfg.task if cfg.get("task") is not None else saved.get("task")
+    given = cfg.get("task")
+    chosen = given is not None and "_target_" in given
+    task_node = given if chosen else saved.get("task")
     if task_node is None:
         raise ConfigError(f"{tuned.source} records no task; give one with task=<name>")
+    if given is not None and not chosen:
+        task_node = OmegaConf.merge(task_node, given)
     task = task_from(task_node)
     saved_long_text = OmegaConf.select(saved, "task.long_text")
-    if cfg.get("task") is not None and saved_long_text is not None:
+    if chosen and saved_long_text is not None:
         # the head was trained on windows (or truncations) of this shape: keep it
         task = dataclasses.replace(task, long_text=task_from(saved.task).long_text)
     settings = dict(OmegaConf.to_container(cfg.datamodule, resolve=True))
@@ -363,6 +408,7 @@ def inference_setup(cfg: DictConfig, predict_file: str | None = None):
         label_map=tuned.module.head.label_map,
         predict_task=predict_task,
     )
+    warn_untrained_positions(datamodule.sequence_length, tuned.trained_seq_len, tuned.source)
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator,
         devices=1,
@@ -383,10 +429,22 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
         merge(trainer.validate(module, datamodule=datamodule, verbose=False)),
         datamodule.eval_splits,
     )
+    scored = {split: len(datamodule.examples(split)) for split in datamodule.eval_splits}
+    limit = cfg.datamodule.get("max_examples")
     out = run_folder_of(tuned.source) / f"eval_{task.name}.json"
-    write_json(out, {"task": task.name, "checkpoint": str(tuned.source), "metrics": metrics})
+    record = {"task": task.name, "checkpoint": str(tuned.source), "metrics": metrics}
+    write_json(out, {**record, "examples": scored, "max_examples": limit})
     for split, values in metrics.items():
-        print(f"{task.name} {split}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
+        print(f"{task.name} {split} ({scored[split]:,} examples): {shown}")
+    tuned_limit = OmegaConf.select(OmegaConf.create(tuned.config), "datamodule.max_examples")
+    if limit is not None:
+        print(f"scored the first {limit:,} examples of each split (datamodule.max_examples)")
+    elif tuned_limit is not None:
+        print(
+            f"scored every example; the model was fine-tuned with datamodule.max_examples="
+            f"{tuned_limit} (its dev scores during fine-tuning were on the first {tuned_limit})"
+        )
     print(f"written to {out}")
     return metrics
 
@@ -403,6 +461,12 @@ def predict(cfg: DictConfig) -> list[Path]:
     with the class probabilities too."""
     file = cfg.predict.file
     tuned, task, module, datamodule, trainer = inference_setup(cfg, predict_file=file)
+    if not datamodule.predict_splits:
+        raise ConfigError(
+            f"task {task.name!r} names no unlabelled file to label (task.predict.files is not "
+            "set): give one with predict.file=PATH, a TSV, CSV or JSON Lines file with the "
+            f"column(s) {', '.join(map(str, task.text_columns))}"
+        )
     datamodule.setup("predict")
     outputs = trainer.predict(module, datamodule=datamodule)
     if len(datamodule.predict_splits) == 1:

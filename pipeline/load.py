@@ -87,6 +87,7 @@ class Pretrained:
         tokenizer_kind: "wordpiece" or "bpe".
         source: the file or folder the model was read from (a run folder resolves to its
             checkpoint file).
+        trained_seq_len: the longest sequence it was trained on (None: unknown, an HF folder).
     """
 
     family: str
@@ -94,6 +95,7 @@ class Pretrained:
     tokenizer: Tokenizer
     tokenizer_kind: str
     source: Path
+    trained_seq_len: int | None = None
 
 
 def load_pretrained(path: str | os.PathLike) -> Pretrained:
@@ -158,7 +160,22 @@ def _load_lightning_checkpoint(path: Path) -> Pretrained:
     state = model_state(checkpoint)
     model = _build_model(path, family, config, state)
     _check_vocab(path, tokenizer, config.vocab_size)
-    return Pretrained(family, model, tokenizer, kind, path)
+    return Pretrained(family, model, tokenizer, kind, path, trained_seq_len(checkpoint))
+
+
+# Checkpoint entry: the longest sequence (tokens) the model was trained on.
+TRAINED_SEQ_LEN = "trained_seq_len"
+
+
+def trained_seq_len(checkpoint: dict[str, Any]) -> int | None:
+    """The longest sequence (tokens, special ones included) a checkpoint's model was trained
+    on: recorded since this entry exists, else its pretraining config's `objective.seq_len`;
+    None when unknown."""
+    if TRAINED_SEQ_LEN in checkpoint:
+        return int(checkpoint[TRAINED_SEQ_LEN])
+    objective = (checkpoint.get("config") or {}).get("objective") or {}
+    length = objective.get("seq_len") if isinstance(objective, dict) else None
+    return int(length) if isinstance(length, int) else None
 
 
 def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:

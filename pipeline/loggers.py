@@ -239,7 +239,7 @@ def build_loggers(
     loggers: list[Logger] = []
     for key, node in (cfg.get("logger") or {}).items():
         if not _is_wandb(node):
-            loggers.append(instantiate(node))
+            loggers.append(numbered_from_one(instantiate(node)))
             continue
         mode = wandb_mode(node.get("mode", "auto"))
         if mode == "disabled":
@@ -247,18 +247,37 @@ def build_loggers(
             continue
         defaults = default_placement(cfg, run_dir)
         extra = {"job_type": job_type} if job_type else {}
-        loggers.append(
-            instantiate(
-                node,
-                mode=mode,
-                project=project or node.get("project") or defaults["project"],
-                group=group or node.get("group") or defaults["group"],
-                name=name or node.get("name") or defaults["name"],
-                id=resume_id or node.get("id"),
-                **extra,
-            )
+        logger = instantiate(
+            node,
+            mode=mode,
+            project=project or node.get("project") or defaults["project"],
+            group=group or node.get("group") or defaults["group"],
+            name=name or node.get("name") or defaults["name"],
+            id=resume_id or node.get("id"),
+            **extra,
         )
+        loggers.append(numbered_from_one(logger))
     return loggers
+
+
+def numbered_from_one(logger: Logger) -> Logger:
+    """`logger`, logging every row at the optimizer steps done and the epoch counted from 1.
+
+    One numbering everywhere a user reads a step or an epoch: step N is the state after N
+    optimizer steps (checkpoint `step000000N.ckpt`, results.json, the console, and now every
+    logger), epoch E the E-th pass over the data. Lightning hands loggers the 0-based index of
+    the step in progress (a validation after 100 steps: 99) and of the epoch; they are shifted
+    here, once, for every logger a run builds.
+    """
+    log_metrics = logger.log_metrics
+
+    def log_numbered(metrics: dict[str, float], step: int | None = None) -> None:
+        if "epoch" in metrics:
+            metrics = {**metrics, "epoch": metrics["epoch"] + 1}
+        log_metrics(metrics, None if step is None else step + 1)
+
+    logger.log_metrics = log_numbered  # type: ignore[method-assign]
+    return logger
 
 
 # what is logged about a run --------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pipeline.config import check_config
 from tokenizer import get_tokenizer
 
 
-@hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
+@hydra.main(config_path="../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with user_errors():
         plan = check_config(cfg)

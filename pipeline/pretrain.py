@@ -12,11 +12,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shlex
+import sys
 from pathlib import Path
 
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
@@ -34,6 +37,7 @@ from pipeline.checkpoints import (
 )
 from pipeline.cli import entry_point, user_errors
 from pipeline.config import RunPlan, check_config
+from pipeline.interrupt import GracefulStop, TrainingInterrupted
 from pipeline.load import load_pretrained, read_checkpoint
 from pipeline.loggers import (
     build_loggers,
@@ -74,7 +78,12 @@ def build_trainer(
         precision=cfg.trainer.precision or best_precision(),
         val_check_interval=val_every,
         logger=loggers or False,
-        callbacks=[Throughput(), extras, *checkpoint_callbacks(run_dir, **cfg.checkpoint)],
+        callbacks=[
+            Throughput(),
+            extras,
+            GracefulStop(),
+            *checkpoint_callbacks(run_dir, **cfg.checkpoint),
+        ],
         plugins=[AtomicCheckpointIO()],
     )
 
@@ -131,7 +140,10 @@ def assemble(
     if cfg.module.compile:
         module.model.compile()  # in place: parameter names (and checkpoints) stay the same
     extras = CheckpointExtras(
-        tokenizer, plan.tokenizer.kind, OmegaConf.to_container(cfg, resolve=True)
+        tokenizer,
+        plan.tokenizer.kind,
+        OmegaConf.to_container(cfg, resolve=True),
+        trained_seq_len=plan.objective.seq_len,
     )
     return module, datamodule, build_trainer(cfg, run_dir, extras, resume_id=resume_id)
 
@@ -162,7 +174,12 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         print(f"{plan.family} model, {module.parameter_count():,} parameters; run folder {run_dir}")
         if resume_from is not None:
             print(f"resuming from {resume_from}")
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+    except TrainingInterrupted as stop:
+        if trainer.is_global_zero:
+            print_interrupted(stop, cfg.run_name)
+        sys.exit(stop.exit_code)
     if trainer.is_global_zero:
         # From the final checkpoint, which holds the whole model under any strategy (under
         # FSDP each process only holds a shard of `module.model`).
@@ -170,6 +187,16 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         export_dir = export_hf(final.model, run_dir / "hf", tokenizer=tokenizer)
         tracking = log_run_end(trainer.loggers, hf_export=str(export_dir))
         print_summary(trainer, run_dir, export_dir, plan.family, tracking)
+
+
+def print_interrupted(stop: TrainingInterrupted, run_name: str) -> None:
+    """Where the stopped run's checkpoint is and the command that continues it."""
+    print(f"\n{stop}; checkpoint {stop.checkpoint}", file=sys.stderr)
+    overrides = [
+        o for o in HydraConfig.get().overrides.task if o.split("=")[0] not in ("run_name", "resume")
+    ]
+    command = shlex.join(["make", "pretrain", *overrides, f"run_name={run_name}", "resume=auto"])
+    print(f"continue with: {command}", file=sys.stderr)
 
 
 def print_summary(
@@ -197,13 +224,15 @@ def print_summary(
     for label, value in (tracking or {}).items():
         print(f"  {label:<11} {value}")
     if family == "gpt":
-        print(f'next: make generate ckpt={run_dir} prompt="The history of"')
+        command = ["make", "generate", f"ckpt={run_dir}", "prompt=The history of"]
+        print(f"next: {shlex.join(command)}")
         print(f"      or load {export_dir} with transformers.AutoModelForCausalLM")
     else:
-        print(f'next: make fill-mask ckpt={run_dir} text="The capital of France is [MASK]."')
+        command = ["make", "fill-mask", f"ckpt={run_dir}", "text=The capital of France is [MASK]."]
+        print(f"next: {shlex.join(command)}")
         print(f"      or load {export_dir} with transformers.AutoModelForPreTraining")
     if places["metrics"].exists():
-        print(f"report: make report run={run_dir}")
+        print(f"report: {shlex.join(['make', 'report', f'run={run_dir}'])}")
 
 
 @hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")

@@ -35,11 +35,13 @@ from models.heads import DocumentClassifier, SequenceClassifier, sequence_loss
 from pipeline.checkpoints import model_config_record
 from pipeline.load import (
     CheckpointLoadError,
+    Pretrained,
     checkpoint_model_config,
     checkpoint_tokenizer,
     load_pretrained,
     model_state,
     read_checkpoint,
+    trained_seq_len,
 )
 from pipeline.optim import build_optimizer
 from pipeline.task_metrics import task_metrics
@@ -224,6 +226,7 @@ class Finetuned:
     family: str
     source: Path
     config: dict[str, Any]
+    trained_seq_len: int | None = None
 
 
 def finetuned_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
@@ -281,11 +284,12 @@ def load_finetuned(path: str | os.PathLike) -> Finetuned:
             f"({str(err).splitlines()[0]}); the file is damaged or was edited"
         ) from err
     module.eval()
-    return Finetuned(module, tokenizer, kind, family, file, dict(checkpoint.get("config") or {}))
+    config = dict(checkpoint.get("config") or {})
+    return Finetuned(module, tokenizer, kind, family, file, config, trained_seq_len(checkpoint))
 
 
-def load_backbone(path: str | os.PathLike) -> tuple[nn.Module, Tokenizer, str, str]:
-    """The backbone to fine-tune and its tokenizer: (model, tokenizer, tokenizer kind, family).
+def load_backbone(path: str | os.PathLike) -> Pretrained:
+    """The backbone to fine-tune (as `model`) with its tokenizer and trained length.
 
     Takes a pretraining checkpoint or run folder, an HF folder (ours or any BERT/Llama one the
     models package imports), or a fine-tuned model (its backbone, e.g. MNLI -> RTE)."""
@@ -293,9 +297,15 @@ def load_backbone(path: str | os.PathLike) -> tuple[nn.Module, Tokenizer, str, s
         tuned = load_finetuned(path)
         model = tuned.module.model
         classifier = model.classifier if isinstance(model, DocumentClassifier) else model
-        return classifier.backbone, tuned.tokenizer, tuned.tokenizer_kind, tuned.family
-    pretrained = load_pretrained(path)
-    return pretrained.model, pretrained.tokenizer, pretrained.tokenizer_kind, pretrained.family
+        return Pretrained(
+            tuned.family,
+            classifier.backbone,
+            tuned.tokenizer,
+            tuned.tokenizer_kind,
+            tuned.source,
+            tuned.trained_seq_len,
+        )
+    return load_pretrained(path)
 
 
 def reinitialize(backbone: nn.Module) -> nn.Module:

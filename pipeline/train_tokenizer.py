@@ -1,5 +1,6 @@
-"""`make tokenizer`: train (or reuse from the cache) the tokenizer a run would use, save it into
-the run folder, and print its size, a sample encoding and its encoding throughput.
+"""`make tokenizer`: train (or reuse from the cache) the tokenizer a run would use and print
+where it is, its size, a sample encoding and its encoding throughput. Nothing is written but the
+cache (no run folder: conf/prepare.yaml).
 
     python -m pipeline.train_tokenizer model=gpt tokenizer.vocab_size=16000
 """
@@ -7,7 +8,6 @@ the run folder, and print its size, a sample encoding and its encoding throughpu
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from pipeline.cli import entry_point, user_errors
 from pipeline.config import check_config
-from tokenizer import atomic_path, batched, get_tokenizer, tokenizer_cache_path
+from tokenizer import batched, get_tokenizer, tokenizer_cache_path
 
 SAMPLE_PAIR = ("The quick brown fox jumps over the lazy dog.", "It was not amused.")
 SAMPLE_TEXT = "Tokenizers turn text into ids: naïve café, 東京, emoji 🙂, tabs\tand newlines\n."
@@ -33,7 +33,7 @@ def measure_throughput(tokenizer: Tokenizer, corpus) -> tuple[int, int, int, flo
     return documents, n_bytes, n_tokens, time.perf_counter() - start
 
 
-@hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
+@hydra.main(config_path="../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with user_errors():
         plan = check_config(cfg)
@@ -42,9 +42,6 @@ def main(cfg: DictConfig) -> None:
         start = time.perf_counter()
         tokenizer = get_tokenizer(plan.tokenizer, plan.corpus, cfg.paths.cache_dir)
         elapsed = time.perf_counter() - start
-        saved = Path(cfg.paths.output_dir) / "tokenizer.json"
-        with atomic_path(saved) as tmp:
-            tokenizer.save(str(tmp))
         documents, n_bytes, n_tokens, seconds = measure_throughput(tokenizer, plan.corpus)
 
     how = (
@@ -56,9 +53,7 @@ def main(cfg: DictConfig) -> None:
     )
     print(f"tokenizer   {plan.tokenizer.kind}, vocabulary {tokenizer.get_vocab_size():,} ({how})")
     print(f"corpus      {plan.corpus.describe()}")
-    print(f"saved       {saved}")
-    if not plan.tokenizer.path:
-        print(f"cache       {cache}")
+    print(f"file        {plan.tokenizer.path or cache}")
     if plan.tokenizer.kind == "wordpiece":
         encoding = tokenizer.encode(*SAMPLE_PAIR)
         print(f"sample      {SAMPLE_PAIR[0]!r} + {SAMPLE_PAIR[1]!r}")

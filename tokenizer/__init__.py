@@ -1,7 +1,7 @@
 """Tokenizers: train WordPiece (BERT) and byte-level BPE (GPT), load existing ones, cache them."""
 
 from tokenizer.build import EmptyCorpusError, batched, train_tokenizer
-from tokenizer.cache import atomic_path, write_text_atomic
+from tokenizer.cache import atomic_path, tokenizers_version, write_text_atomic
 from tokenizer.load import TokenizerLoadError, load_tokenizer
 from tokenizer.spec import TokenizerSpec, get_tokenizer, tokenizer_cache_path
 from tokenizer.special import MissingSpecialTokensError, SpecialIds, special_ids
@@ -18,6 +18,7 @@ __all__ = [
     "load_tokenizer",
     "special_ids",
     "tokenizer_cache_path",
+    "tokenizers_version",
     "train_tokenizer",
     "write_text_atomic",
 ]

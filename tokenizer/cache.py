@@ -52,14 +52,17 @@ def _umask() -> int:
     return current
 
 
-def cache_key(corpus_fingerprint: str, settings: dict) -> str:
-    """Stable key of a tokenizer trained on one corpus with given settings.
+def tokenizers_version() -> str:
+    """The `tokenizers` minor version ("0.22"): part of every cache key whose content it makes
+    (trained vocabularies, encoded token stores), since its results may change with it."""
+    return ".".join(tokenizers.__version__.split(".")[:2])
 
-    The `tokenizers` minor version is part of the key, since training results may change with it.
-    """
-    version = ".".join(tokenizers.__version__.split(".")[:2])
+
+def cache_key(corpus_fingerprint: str, settings: dict) -> str:
+    """Stable key of a tokenizer trained on one corpus with given settings (and the
+    `tokenizers` version)."""
     payload = json.dumps(
-        {"corpus": corpus_fingerprint, "settings": settings, "tokenizers": version},
+        {"corpus": corpus_fingerprint, "settings": settings, "tokenizers": tokenizers_version()},
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -13,6 +13,7 @@ from bench import bench_memory, bench_time_to_loss, reference_train
 from bench.bench_time_to_loss import time_to_reach, validation_points
 from bench.clock import WallClockLogger, read_clock
 from bench.common import BenchError, plan_steps
+from pipeline.loggers import numbered_from_one
 
 TINY = ["data=embedded", "tokenizer.vocab_size=1000", "objective.batch_size=4"]
 
@@ -68,12 +69,12 @@ def test_plan_fits_training_and_validation_into_the_budget():
 
 
 def test_step_timing_reads_a_runs_clock():
-    # steps 0..3 logged at 10, 15, 17, 19 s (the first step is warm-up), validation done at 22 s
+    # steps 1..4 logged at 10, 15, 17, 19 s (the first step is warm-up), validation done at 22 s
     rows = [
         {"step": step, "elapsed_s": at, "metrics": {"train/loss": 5.0}}
-        for step, at in enumerate([10.0, 15.0, 17.0, 19.0])
+        for step, at in enumerate([10.0, 15.0, 17.0, 19.0], start=1)
     ]
-    rows.append({"step": 3, "elapsed_s": 22.0, "metrics": {"val/loss": 4.0}})
+    rows.append({"step": 4, "elapsed_s": 22.0, "metrics": {"val/loss": 4.0}})
     timing = bench_time_to_loss.step_timing(rows, val_batches=4)
     assert timing == {"step_s": pytest.approx(2.0), "val_batch_s": pytest.approx(0.75)}
     with pytest.raises(BenchError, match="too few steps"):
@@ -108,7 +109,7 @@ def test_wall_clock_logger_in_a_real_fit_marks_validations_with_steps_done(tmp_p
         max_steps=6,
         val_check_interval=3,
         limit_val_batches=1,
-        logger=[WallClockLogger(str(path))],
+        logger=[numbered_from_one(WallClockLogger(str(path)))],  # as build_loggers adds it
         accelerator="cpu",
         enable_checkpointing=False,
         enable_progress_bar=False,

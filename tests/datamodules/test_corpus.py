@@ -4,6 +4,8 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from datamodules.corpus import (
     CorpusError,
@@ -12,6 +14,7 @@ from datamodules.corpus import (
     ParquetCorpus,
     TextFilesCorpus,
 )
+from tests.conftest import CONF
 
 
 def test_embedded_corpus_is_real_prose():
@@ -145,3 +148,123 @@ def test_hf_dataset_load_failure_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(CorpusError, match="could not load Hugging Face dataset 'wikitext'"):
         HFDatasetCorpus().fingerprint()
+
+
+# Every setting of every conf/data/*.yaml: values that differ from the file's, each with whether it
+# changes the documents read (and so must change the fingerprint, which keys the tokenizer and
+# token-store caches). `OTHER` is another file of the same kind, `SAME` the config's file matched by
+# another pattern. A setting added to a YAML file fails the test until it is classified here.
+OTHER, SAME = object(), object()
+SETTING_CHANGES = {
+    "embedded": {"min_chars": [(80, True)]},
+    "text_files": {
+        "paths": [(OTHER, True), (SAME, False)],
+        "doc_split": [("file", True), ("wikitext", True)],
+        "errors": [("replace", True), ("skip", True)],
+    },
+    "wikitext2": {
+        "paths": [(OTHER, True), (SAME, False)],
+        "doc_split": [("blank_line", True), ("file", True)],
+        "errors": [("replace", True), ("skip", True)],
+    },
+    "jsonl": {
+        "paths": [(OTHER, True), (SAME, False)],
+        "text_field": [("body", True)],
+        "errors": [("replace", True), ("skip", True)],
+    },
+    "parquet": {
+        "paths": [(OTHER, True), (SAME, False)],
+        "text_field": [("body", True)],
+        "batch_rows": [(7, False)],
+    },
+    "wikitext103": {
+        "name": [("other", True)],
+        "config": [("wikitext-2-raw-v1", True)],
+        "split": [("validation", True)],
+        "text_field": [("body", True)],
+        "doc_split": [("record", True)],
+    },
+}
+
+
+def _data_files(tmp_path, name: str) -> tuple[str, str]:
+    """(the config's file, another file) of the kind data config `name` reads."""
+    paths = []
+    for stem in ("a", "b"):
+        if name == "parquet":
+            path = tmp_path / f"{stem}.parquet"
+            pq.write_table(pa.table({"text": [f"{stem} text"], "body": [f"{stem} body"]}), path)
+        elif name == "jsonl":
+            path = tmp_path / f"{stem}.jsonl"
+            path.write_text(json.dumps({"text": f"{stem} text", "body": f"{stem} body"}) + "\n")
+        else:
+            path = tmp_path / f"{stem}.txt"
+            path.write_text(f" = {stem} = \n {stem} text .\n")
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def _fake_hf_datasets(monkeypatch) -> None:
+    """`datasets.load_dataset` without network: one fixed dataset per (name, config, split)."""
+    import datasets
+
+    loaded = {}
+
+    def load_dataset(name, config, split):
+        key = (name, config, split)
+        if key not in loaded:
+            loaded[key] = datasets.Dataset.from_dict({"text": [str(key)], "body": ["b"]})
+        return loaded[key]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))
+def test_every_data_setting_that_changes_the_text_changes_the_fingerprint(
+    name, tmp_path, monkeypatch
+):
+    node = OmegaConf.load(CONF / "data" / f"{name}.yaml")
+    settings = {k for k in node if k != "_target_"}
+    assert settings == set(SETTING_CHANGES[name]), (
+        f"conf/data/{name}.yaml has settings {sorted(settings)}: classify each in SETTING_CHANGES"
+    )
+    _fake_hf_datasets(monkeypatch)
+    mine, other = _data_files(tmp_path, name)
+    given = {"paths": [mine]} if "paths" in settings else {}
+    substitutes = {OTHER: [other], SAME: [mine.replace("/a.", "/[a].")]}
+
+    def fingerprint(**changes) -> str:
+        merged = OmegaConf.merge(node, given, changes)
+        return instantiate(merged).fingerprint()
+
+    base = fingerprint()
+    assert fingerprint() == base
+    wrong = []
+    for key, options in SETTING_CHANGES[name].items():
+        for value, changes_text in options:
+            value = substitutes.get(value, value)
+            if (fingerprint(**{key: value}) != base) != changes_text:
+                wrong.append(f"{key}={value!r} should {'' if changes_text else 'not '}rebuild")
+    assert not wrong, f"data={name}: " + "; ".join(wrong)
+
+
+@pytest.mark.parametrize("suffix", ["txt", "jsonl", "parquet"])
+def test_fingerprint_follows_file_content(tmp_path, suffix):
+    corpus_type = {"txt": TextFilesCorpus, "jsonl": JsonlCorpus, "parquet": ParquetCorpus}[suffix]
+    path = tmp_path / f"d.{suffix}"
+
+    def write(text: str) -> None:
+        if suffix == "parquet":
+            pq.write_table(pa.table({"text": [text]}), path)
+        else:
+            path.write_text(json.dumps({"text": text}) + "\n" if suffix == "jsonl" else text)
+
+    write("one")
+    before = corpus_type(str(path)).fingerprint()
+    write("one, changed")
+    assert corpus_type(str(path)).fingerprint() != before
+
+
+def test_jsonl_errors_setting_is_checked():
+    with pytest.raises(CorpusError, match=r"data\.errors='ignore' is not one of strict"):
+        JsonlCorpus(["x"], errors="ignore")

@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 from tokenizers import AddedToken, Tokenizer
 
 from datamodules.corpus import CorpusError
@@ -28,8 +29,9 @@ from datamodules.store_build import (
     _splits_alike,
     open_or_build_store,
 )
-from tests.conftest import ListCorpus
-from tokenizer import special_ids
+from pipeline.config import check_config
+from tests.conftest import CONF, ListCorpus, compose_pretrain
+from tokenizer import get_tokenizer, special_ids, tokenizer_cache_path
 
 BERT = StoreSettings(sentences=True)
 
@@ -176,6 +178,17 @@ def test_cache_key_follows_corpus_tokenizer_and_settings(wordpiece, bpe, small_d
     assert store_dir(tmp_path, base).parent == tmp_path / "token_stores"
 
 
+def test_cache_key_follows_the_tokenizers_version(wordpiece, monkeypatch):
+    """The library that encodes is part of the key: a new minor version may split differently."""
+    import tokenizers
+
+    key = store_key("corpus", tokenizer_hash(wordpiece), BERT)
+    monkeypatch.setattr(tokenizers, "__version__", tokenizers.__version__ + "1")
+    assert store_key("corpus", tokenizer_hash(wordpiece), BERT) == key  # a patch release
+    monkeypatch.setattr(tokenizers, "__version__", "0.0.1")
+    assert store_key("corpus", tokenizer_hash(wordpiece), BERT) != key
+
+
 def test_vocabulary_decides_token_width():
     assert token_dtype(30522) == np.uint16
     assert token_dtype(1 << 16) == np.uint16
@@ -279,3 +292,105 @@ def test_long_documents_are_joined_into_several_texts_at_sentence_boundaries():
     assert len(texts) == 4 and all(len(t) < 33_000 for t in texts)
     assert [s for t in texts for s in t.split(SENTENCE_MARK)] == sentences
     assert _joined([]) == [] and _joined(["One."]) == ["One."]
+
+
+# A run's caches as the config decides them: each case overrides the base run (`model=bert` or
+# `model=gpt` on a JSONL corpus) and says whether the tokenizer must be retrained (a new tokenizer
+# cache key) and the corpus re-tokenized (a new store). Every setting of conf/tokenizer/*.yaml and
+# conf/objective/*.yaml appears in some case.
+CACHE_CASES = [
+    ("bert", ["data.errors=skip"], True, True),
+    ("bert", ["data.text_field=body"], True, True),
+    ("bert", ["data.paths={other}"], True, True),
+    ("bert", ["data.paths={same}"], False, False),
+    ("bert", ["tokenizer.vocab_size=500"], True, True),
+    ("bert", ["tokenizer.min_frequency=30"], True, True),
+    ("bert", ["tokenizer.lowercase=false"], True, True),
+    ("bert", ["tokenizer.path={tokenizer}"], False, False),  # the same tokenizer, loaded
+    ("bert", ["model=gpt", "tokenizer.kind=bpe"], True, True),
+    ("gpt", ["tokenizer.vocab_size=500"], True, True),
+    ("gpt", ["tokenizer.lowercase=true"], False, False),  # byte-level BPE never normalizes
+    ("gpt", ["tokenizer.path={tokenizer}"], False, False),
+    ("bert", ["objective.seq_len=64"], False, False),
+    ("bert", ["objective.batch_size=8"], False, False),
+    ("bert", ["objective.mlm_probability=0.3"], False, False),
+    ("bert", ["objective.mask_replace_prob=0.5"], False, False),
+    ("bert", ["objective.random_replace_prob=0.2"], False, False),
+    ("bert", ["objective.max_predictions_per_seq=5"], False, False),
+    ("bert", ["objective.next_sentence_prediction=false"], False, False),
+    ("bert", ["objective.short_seq_prob=0.5"], False, False),
+    ("bert", ["objective.whole_word_masking=true"], False, False),
+    ("gpt", ["objective.seq_len=64"], False, False),
+    ("gpt", ["objective.batch_size=4"], False, False),
+    ("gpt", ["objective.document_masking=true"], False, False),
+    ("bert", ["seed=7", "trainer.max_steps=9", "optim.lr=0.01", "model.n_layers=1"], False, False),
+    ("bert", ["datamodule.val_fraction=0.3", "trainer.accumulate_grad_batches=2"], False, False),
+]
+
+
+@pytest.fixture(scope="module")
+def jsonl_corpus(tmp_path_factory, small_docs) -> dict[str, str]:
+    """JSONL files of 31 records, one with a byte that is not UTF-8 (dropped by
+    data.errors=skip, U+FFFD with replace), and the `paths` patterns the cases use."""
+    folder = tmp_path_factory.mktemp("jsonl")
+    lines = [
+        json.dumps({"text": doc[:1500], "body": doc[1500:3000] or "short"}).encode()
+        for doc in small_docs
+    ]
+    lines.insert(7, b'{"text": "a record with a bad \xff byte.", "body": "bad \xff"}')
+    (folder / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (folder / "b.jsonl").write_bytes(b"\n".join(lines[::-1][:20]) + b"\n")
+    return {
+        "base": str(folder / "a.jsonl"),
+        "other": str(folder / "b.jsonl"),
+        "same": str(folder / "[a].jsonl"),
+    }
+
+
+def run_caches(cache, paths: dict[str, str], base: str, overrides: list[str]):
+    """(tokenizer cache path, store stats) of the run `model=<base>` + `overrides`, as
+    `make prepare` makes them."""
+    cfg = compose_pretrain(
+        f"model={base}",
+        "data=jsonl",
+        f"data.paths=['{paths['base']}']",
+        "data.errors=replace",
+        "tokenizer.vocab_size=400",
+        *overrides,
+    )
+    plan = check_config(cfg)
+    tokenizer = get_tokenizer(plan.tokenizer, plan.corpus, cache)
+    [stats] = prepare_stores(plan.corpus, tokenizer, plan.tokenizer.kind, plan.objective, cache)
+    return tokenizer_cache_path(plan.tokenizer, plan.corpus, cache), stats
+
+
+def test_every_cache_case_is_listed():
+    """A new tokenizer or objective setting must be classified in CACHE_CASES."""
+    named = {o.split("=")[0] for _, overrides, _, _ in CACHE_CASES for o in overrides}
+    for group in ("tokenizer", "objective"):
+        for path in (CONF / group).glob("*.yaml"):
+            keys = {f"{group}.{k}" for k in OmegaConf.load(path) if k != "_target_"}
+            assert keys <= named, f"{path.name}: add a case for {sorted(keys - named)}"
+
+
+@pytest.mark.parametrize(("base", "overrides", "retrains", "rebuilds"), CACHE_CASES)
+def test_a_setting_rebuilds_the_caches_exactly_when_it_changes_the_tokens(
+    base, overrides, retrains, rebuilds, jsonl_corpus, tmp_path_factory
+):
+    cache = tmp_path_factory.getbasetemp() / "run-caches"  # shared: the base run is built once
+    base_tokenizer, base_store = run_caches(cache, jsonl_corpus, base, [])
+    values = {"other": f"['{jsonl_corpus['other']}']", "same": f"['{jsonl_corpus['same']}']"}
+    overrides = [o.format(tokenizer=base_tokenizer, **values) for o in overrides]
+    tokenizer_path, store = run_caches(cache, jsonl_corpus, base, overrides)
+    assert (tokenizer_path != base_tokenizer) == retrains
+    assert (store.path != base_store.path) == rebuilds
+    if not rebuilds:
+        assert not store.built  # reused, not rebuilt in place
+
+
+def test_errors_setting_of_a_jsonl_corpus_gets_its_own_store(jsonl_corpus, tmp_path):
+    """The reported case: a data.errors=skip run reused the errors=replace store."""
+    _, replaced = run_caches(tmp_path, jsonl_corpus, "bert", [])
+    _, skipped = run_caches(tmp_path, jsonl_corpus, "bert", ["data.errors=skip"])
+    assert (replaced.documents, skipped.documents) == (31, 30)
+    assert skipped.built and skipped.path != replaced.path

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer
 
 from pipeline.cli import overrides_from_make, parse_makeflags
 from tests.conftest import REPO
@@ -45,14 +47,46 @@ def test_overrides_survive_real_make(tmp_path):
     assert overrides_from_make(makeflags) == [*TRICKY_ARGS[:7], "~logger.csv", "+x=a b"]
 
 
-def make_repo(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`make` in the repository, free of the make settings this test run may have inherited
-    (e.g. `make test ALLOCATOR=system`)."""
+def make_repo(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`make` in the repository (or `cwd`), free of the make settings this test run may have
+    inherited (e.g. `make test ALLOCATOR=system`)."""
     inherited = ("ALLOCATOR", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
     clean = {k: v for k, v in os.environ.items() if k not in inherited}
     return subprocess.run(
-        ["make", *args], cwd=REPO, capture_output=True, text=True, env={**clean, **(env or {})}
+        ["make", *args], cwd=cwd, capture_output=True, text=True, env={**clean, **(env or {})}
     )
+
+
+def test_setup_reinstalls_when_the_install_inputs_change_by_content_not_mtime(tmp_path):
+    """A fresh clone (git sets every mtime) or a `touch` keeps .venv; an edit to the lock file
+    or to pyproject.toml (read by `pip install -e .`) reinstalls."""
+    (tmp_path / "Makefile").write_text((REPO / "Makefile").read_text())
+    lock, pyproject = tmp_path / "requirements.lock", tmp_path / "pyproject.toml"
+    lock.write_text("numpy==2.0.0\n")
+    pyproject.write_text('[project]\nname = "x"\n')
+
+    def installs() -> bool:
+        result = make_repo("-n", "setup", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        return "pip install" in result.stdout
+
+    def settle() -> None:  # what a finished install leaves: the stamp of the current inputs
+        stamp = make_repo("-s", "--eval=show-stamp: ; @echo $(STAMP)", "show-stamp", cwd=tmp_path)
+        (tmp_path / stamp.stdout.strip()).parent.mkdir(exist_ok=True)
+        (tmp_path / stamp.stdout.strip()).touch()
+
+    assert installs()
+    settle()
+    assert not installs()
+    later = time.time() + 3600
+    for path in (lock, pyproject):
+        os.utime(path, (later, later))  # newer than the stamp, content unchanged
+    assert not installs()
+    lock.write_text("numpy==2.0.1\n")
+    assert installs()
+    settle()
+    pyproject.write_text('[project]\nname = "x"\nversion = "2"\n')
+    assert installs()
 
 
 def test_runs_preload_tcmalloc_when_installed_unless_allocator_system(tmp_path):
@@ -132,10 +166,24 @@ def test_tokenizer_command_with_make_overrides(tmp_path):
     assert "tokenizer   bpe, vocabulary" in result.stdout
     assert "round trip  exact" in result.stdout
     assert "MB/s" in result.stdout
-    (run_dir,) = (tmp_path / "out" / "gpt").iterdir()
-    assert (run_dir / "tokenizer.json").is_file()
+    file = result.stdout.split("file        ")[1].splitlines()[0]
+    assert Tokenizer.from_file(file).get_vocab_size() == 3000
+    assert not (tmp_path / "out").exists()  # the cache only: no run folder
     again = run_python("pipeline.train_tokenizer", env=env)
     assert "reused from cache" in again.stdout
+
+
+@pytest.mark.parametrize("module", ["pipeline.prepare", "pipeline.train_tokenizer"])
+def test_cache_commands_leave_no_run_folder(tmp_path, module):
+    result = run_python(
+        module,
+        "tokenizer.vocab_size=1000",
+        f"paths.cache_dir={tmp_path}/cache",
+        f"paths.output_root={tmp_path}/out",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
 
 
 def test_bad_value_fails_fast_with_one_line(tmp_path):
@@ -158,42 +206,44 @@ def test_unknown_model_fails_with_the_choices(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+# The run folder a process of `make pretrain` would write to, as Hydra resolves it there.
+PRINT_RUN_DIR = """
+from hydra.core.hydra_config import HydraConfig
+from tests.conftest import compose_pretrain
+cfg = compose_pretrain(hydra_node=True)
+HydraConfig.instance().set_config(cfg)
+print(cfg.hydra.run.dir)
+"""
+
+
+def run_dir_of_process(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", PRINT_RUN_DIR],
+        cwd=REPO,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
 @pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
-def test_ranks_of_one_run_share_one_folder(tmp_path, launcher):
+def test_ranks_of_one_run_share_one_folder(launcher):
     env = {"LMPIPE_RUN_STAMP": "", "TORCHELASTIC_RUN_ID": "none"}
     env.update(
         {"WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "abc123"}
         if launcher == "torchrun"
         else {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3"}
     )
-    args = [
-        "tokenizer.vocab_size=1000",
-        f"paths.cache_dir={tmp_path}/c",
-        f"paths.output_root={tmp_path}/out",
-    ]
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-m", "pipeline.train_tokenizer", *args],
-            cwd=REPO,
-            env={**os.environ, **env, "RANK": str(rank)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for rank in range(2)
-    ]
-    assert [p.wait(timeout=120) for p in ranks] == [0, 0]
-    folders = [p.name for p in (tmp_path / "out" / "bert").iterdir()]
-    assert folders == (["torchrun-abc123"] if launcher == "torchrun" else ["slurm-77.3"])
+    ranks = [run_dir_of_process({**env, "RANK": str(rank)}) for rank in range(2)]
+    folders = [p.communicate(timeout=120)[0].strip() for p in ranks]
+    assert [p.returncode for p in ranks] == [0, 0]
+    name = "torchrun-abc123" if launcher == "torchrun" else "slurm-77.3"
+    assert folders == [f"outputs/bert/{name}"] * 2
 
 
-def test_single_process_runs_get_a_time_stamped_folder(tmp_path):
-    result = run_python(
-        "pipeline.train_tokenizer",
-        "tokenizer.vocab_size=1000",
-        f"paths.cache_dir={tmp_path}/c",
-        f"paths.output_root={tmp_path}/out",
-        env={"LMPIPE_RUN_STAMP": ""},
-    )
-    assert result.returncode == 0, result.stderr
-    (folder,) = (tmp_path / "out" / "bert").iterdir()
+def test_single_process_runs_get_a_time_stamped_folder():
+    process = run_dir_of_process({"LMPIPE_RUN_STAMP": ""})
+    folder = Path(process.communicate(timeout=120)[0].strip())
+    assert process.returncode == 0
+    assert folder.parent == Path("outputs/bert")
     assert folder.name[:2] == "20" and len(folder.name) == len("2026-01-01_12-00-00")

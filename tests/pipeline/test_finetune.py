@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -119,7 +120,21 @@ def test_best_checkpoint_is_chosen_by_the_main_metric_and_evaluate_reproduces_it
     history = read_metrics(run_dir / "logs" / "metrics.csv", "val/dev/accuracy")
     assert len(history) == 3
     best_epoch = max(range(3), key=lambda e: (history[e], -e))  # the first of equal bests
-    assert results["best"]["epoch"] == best_epoch
+    assert results["best"]["epoch"] == best_epoch + 1  # epochs are numbered from 1
+    # One numbering in metrics.csv, results.json and the checkpoint: step N = after N steps.
+    with open(run_dir / "logs" / "metrics.csv") as handle:
+        rows = [r for r in csv.DictReader(handle) if r.get("val/dev/accuracy")]
+    steps_per_epoch = 96 // 16  # datamodule.batch_size=16 (QUICK)
+    assert [(int(r["step"]), int(float(r["epoch"]))) for r in rows] == [
+        (steps_per_epoch * e, e) for e in (1, 2, 3)
+    ]
+    best_row = rows[best_epoch]
+    assert (int(best_row["step"]), int(float(best_row["epoch"]))) == (
+        results["best"]["step"],
+        results["best"]["epoch"],
+    )
+    saved = torch.load(results["best"]["checkpoint"], weights_only=True)
+    assert saved["global_step"] == results["best"]["step"]
     assert results["best"]["metrics"]["dev"]["accuracy"] == pytest.approx(history[best_epoch])
     assert results["final"]["metrics"]["dev"]["accuracy"] == pytest.approx(history[-1])
 
@@ -187,7 +202,7 @@ def test_gpt_backbone_fine_tunes_on_the_last_token(gpt_ckpt, tmp_path):
 
 
 def test_from_scratch_keeps_the_architecture_but_not_the_weights(bert_ckpt, tmp_path):
-    pretrained, *_ = load_backbone(bert_ckpt)
+    pretrained = load_backbone(bert_ckpt).model
     _, run_dir = run_finetune(
         tmp_path, bert_ckpt, "task=sst2", "from_scratch=true", data_dir=GLUE / "SST-2"
     )
@@ -202,10 +217,11 @@ def test_from_scratch_keeps_the_architecture_but_not_the_weights(bert_ckpt, tmp_
 
 def test_fine_tuned_model_can_be_fine_tuned_again(bert_ckpt, tmp_path):
     _, first = run_finetune(tmp_path / "a", bert_ckpt, "task=sst2", data_dir=GLUE / "SST-2")
-    backbone, _, kind, family = load_backbone(first)
+    loaded = load_backbone(first)
+    backbone = loaded.model
     tuned = load_finetuned(first).module.model.backbone
     assert backbone is tuned or torch.equal(next(backbone.parameters()), next(tuned.parameters()))
-    assert (family, kind) == ("bert", "wordpiece")
+    assert (loaded.family, loaded.tokenizer_kind) == ("bert", "wordpiece")
     results, _ = run_finetune(tmp_path / "b", first, "task=rte", data_dir=GLUE / "RTE")
     assert results["backbone"] == str(first)
 
@@ -342,7 +358,7 @@ def test_missing_ckpt_and_bad_task_settings_are_one_line_errors(tmp_path):
 
 
 def test_default_lr_follows_model_width(bert_ckpt):
-    backbone, *_ = load_backbone(bert_ckpt)
+    backbone = load_backbone(bert_ckpt).model
     assert default_lr(backbone.config) == 1e-4  # d_model 64
     base = type(backbone.config)(vocab_size=100, n_layers=2, d_model=768, n_heads=12)
     assert default_lr(base) == 3e-5
@@ -383,3 +399,157 @@ def test_comma_separated_seeds_run_a_sweep_with_a_summary(bert_ckpt, tmp_path):
     [row] = json.loads((sweep / "sweep_summary.json").read_text())
     assert row["seeds"] == [1, 2] and row["setting"] == "(default)"
     assert "sweep summary (median and spread over seeds)" in result.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# make evaluate / make predict as a user types them
+
+
+def ours(folder: Path) -> list[str]:
+    """What is in `folder` (a TMPDIR), less torch's compile cache that importing torch makes."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("torchinductor"))
+
+
+@pytest.fixture(scope="module")
+def sst2_run(bert_ckpt, tmp_path_factory) -> Path:
+    """A fine-tuned SST-2 model (48 examples read, as `datamodule.max_examples=48`)."""
+    _, run_dir = run_finetune(
+        tmp_path_factory.mktemp("sst2"), bert_ckpt, "task=sst2", data_dir=GLUE / "SST-2"
+    )
+    return run_dir
+
+
+def test_predict_on_a_glue_dev_file_without_an_index_numbers_the_rows(sst2_run, tmp_path):
+    """SST-2's dev.tsv has no `index` column (its test.tsv does): rows are numbered from 0.
+    Nothing is written but the predictions: no run folder, nothing in TMPDIR or the cwd."""
+    rows = (GLUE / "SST-2" / "dev.tsv").read_text().splitlines()[:6]
+    texts = tmp_path / "texts.tsv"
+    texts.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "predicted"
+    result = run_cli(
+        "pipeline.predict",
+        f"ckpt={sst2_run}",
+        f"predict.file={texts}",
+        f"predict.out_dir={out}",
+        tmp_path=tmp_path,  # TMPDIR
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(out / "predictions.tsv") as handle:
+        predicted = list(csv.DictReader(handle, delimiter="\t"))
+    assert [r["index"] for r in predicted] == [str(i) for i in range(5)]
+    assert ours(tmp_path) == ["predicted", "texts.tsv"]
+
+
+def test_predict_errors_print_hints_that_work_when_pasted(sst2_run, tmp_path):
+    """The task's test file is missing: the error names `task.predict.files.test` and
+    `task.data_dir`; pasted onto `make predict` (no task=), each amends the saved task."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    missing = run_cli("pipeline.predict", f"ckpt={sst2_run}", tmp_path=tmp_path)
+    assert missing.returncode == 2, missing.stderr[-3000:]
+    [error] = [line for line in missing.stderr.splitlines() if line.startswith("error:")]
+    assert "task.data_dir=DIR" in error and "task.predict.files.test=FILE" in error
+    test = tmp_path / "glue"
+    test.mkdir()
+    rows = (GLUE / "SST-2" / "dev.tsv").read_text().splitlines()[:4]
+    (test / "test.tsv").write_text(
+        "index\tsentence\n"
+        + "".join(f"{i}\t{r.split(chr(9))[0]}\n" for i, r in enumerate(rows[1:]))
+    )
+    for hint in (f"task.data_dir={test}", f"task.predict.files.test={test / 'test.tsv'}"):
+        out = tmp_path / hint.split("=")[0]
+        pasted = run_cli(
+            "pipeline.predict",
+            f"ckpt={sst2_run}",
+            hint,
+            f"predict.out_dir={out}",
+            tmp_path=tmp_path,
+        )
+        assert pasted.returncode == 0, (hint, pasted.stderr[-3000:])
+        assert len((out / "SST-2.tsv").read_text().splitlines()) == 1 + 3
+
+
+def test_predict_on_a_task_without_test_files_asks_for_predict_file(bert_ckpt, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = (GLUE / "SST-2" / "train.tsv").read_text().splitlines()
+    (data / "train.tsv").write_text("\n".join(rows[:41]) + "\n")
+    (data / "dev.tsv").write_text("\n".join(rows[:1] + rows[41:61]) + "\n")
+    _, run_dir = run_finetune(
+        tmp_path,
+        bert_ckpt,
+        "task=custom",
+        f"task.data_dir={data}",
+        "task.files={train: train.tsv, dev: dev.tsv}",
+        "task.text_columns=[sentence]",
+        "task.label_column=label",
+    )
+    result = run_cli("pipeline.predict", f"ckpt={run_dir}", tmp_path=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "give one with predict.file=PATH" in result.stderr and "sentence" in result.stderr
+
+
+def test_evaluate_says_which_examples_it_scored(sst2_run, tmp_path):
+    dev = len((GLUE / "SST-2" / "dev.tsv").read_text().splitlines()) - 1
+    result = run_cli("pipeline.evaluate", f"ckpt={sst2_run}", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = [x for x in result.stdout.splitlines() if x.startswith("sst2 dev (")]
+    assert line.startswith(f"sst2 dev ({dev:,} examples): ") and "accuracy" in line
+    assert "fine-tuned with datamodule.max_examples=48" in result.stdout
+    record = json.loads((sst2_run / "eval_sst2.json").read_text())
+    assert record["examples"] == {"dev": dev} and record["max_examples"] is None
+    cut = run_cli(
+        "pipeline.evaluate", f"ckpt={sst2_run}", "datamodule.max_examples=10", tmp_path=tmp_path
+    )
+    assert "sst2 dev (10 examples)" in cut.stdout
+    assert "scored the first 10 examples of each split" in cut.stdout
+    assert ours(tmp_path) == []  # no folder of its own, in TMPDIR or elsewhere
+
+
+def test_a_regression_task_needs_only_its_kind(bert_ckpt, tmp_path):
+    """`task.kind=regression` picks Spearman (main) and Pearson, as STS-B reports them."""
+    data = tmp_path / "pairs"
+    data.mkdir()
+    lines = (GLUE / "STS-B" / "train.tsv").read_text().splitlines()
+    for split, part in (("train", lines[1:49]), ("dev", lines[49:73])):
+        (data / f"{split}.tsv").write_text("\n".join([lines[0], *part]) + "\n")
+    results, _ = run_finetune(
+        tmp_path,
+        bert_ckpt,
+        "task=custom",
+        f"task.data_dir={data}",
+        "task.files={train: train.tsv, dev: dev.tsv}",
+        "task.text_columns=[sentence1,sentence2]",
+        "task.label_column=score",
+        "task.kind=regression",
+    )
+    assert results["main_metric"] == "spearman"
+    assert set(results["best"]["metrics"]["dev"]) >= {"spearman", "pearson"}
+
+
+def test_fine_tuning_past_the_pretrained_length_warns_and_records_the_new_length(tmp_path, caplog):
+    """A checkpoint pretrained on 32-token sequences, fine-tuned on 64: a warning names both
+    lengths, and the fine-tuned checkpoint records 64 as trained."""
+    run = tmp_path / "short"
+    *_, path = write_run(run, "bert")
+    saved = torch.load(path, weights_only=True)
+    saved["trained_seq_len"] = 32
+    torch.save(saved, path)
+    with caplog.at_level(logging.WARNING):
+        results, run_dir = run_finetune(
+            tmp_path, run, "task=rte", "datamodule.max_seq_len=64", data_dir=GLUE / "RTE"
+        )
+    warned = [r.getMessage() for r in caplog.records if "positions 32-63" in r.getMessage()]
+    assert len(warned) == 1 and "sequences of up to 64 tokens" in warned[0]
+    tuned = torch.load(results["best"]["checkpoint"], weights_only=True)
+    assert tuned["trained_seq_len"] == 64
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # within the length trained: quiet
+        run_finetune(
+            tmp_path / "again",
+            run_dir,
+            "task=rte",
+            "datamodule.max_seq_len=64",
+            data_dir=GLUE / "RTE",
+        )
+    assert not [r for r in caplog.records if "start untrained" in r.getMessage()]

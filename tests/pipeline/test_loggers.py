@@ -309,7 +309,7 @@ def test_tiny_run_logs_offline_to_wandb_and_csv_and_a_resumed_run_continues_it(t
     keys = {key for row in logged["history"] for key in row}
     assert keys >= EXPECTED_KEYS, EXPECTED_KEYS - keys
     train_steps = [row["trainer/global_step"] for row in logged["history"] if "train/loss" in row]
-    assert train_steps == [0, 1, 2, 3, 4]  # debug=smoke: 5 steps, each logged
+    assert train_steps == [1, 2, 3, 4, 5]  # debug=smoke: 5 steps, each logged at steps done
     # the resolved config is the run config, with the run's facts
     config = logged["config"]
     assert config["trainer"]["max_steps"] == 5 and config["model"]["d_model"] == 64
@@ -352,11 +352,11 @@ def test_tiny_run_logs_offline_to_wandb_and_csv_and_a_resumed_run_continues_it(t
     again = read_wandb_run(second_dir)
     assert again["run"]["run_id"] == run["run_id"]  # the same wandb run, continued
     steps = [row["trainer/global_step"] for row in again["history"] if "train/loss" in row]
-    assert steps == [3, 4, 5, 6, 7]
-    # metrics.csv keeps the first run's rows: steps 3 and 4 twice, the resumed run's last
+    assert steps == [4, 5, 6, 7, 8]
+    # metrics.csv keeps the first run's rows: steps 4 and 5 twice, the resumed run's last
     with open(run_dir / "logs" / "metrics.csv") as handle:
         rows = [r for r in csv.DictReader(handle) if r["train/loss"]]
-    assert [int(r["step"]) for r in rows] == [0, 1, 2, 3, 4, 3, 4, 5, 6, 7]
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5, 4, 5, 6, 7, 8]
 
 
 @pytest.mark.slow
@@ -377,4 +377,5 @@ def test_only_rank_zero_logs_in_a_two_process_run(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     (wandb_dir,) = offline_runs(tmp_path / "out" / "gpt-tiny" / "ddp")  # one run, not two
     history = read_wandb_run(wandb_dir)["history"]
-    assert [row["trainer/global_step"] for row in history if "train/loss" in row] == list(range(5))
+    steps = [row["trainer/global_step"] for row in history if "train/loss" in row]
+    assert steps == list(range(1, 6))

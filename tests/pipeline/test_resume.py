@@ -54,14 +54,81 @@ def wait_for_checkpoint(process: subprocess.Popen, directory: Path, step: int) -
         time.sleep(0.02)
 
 
+@pytest.fixture(scope="module")
+def shared_runs(tmp_path_factory):
+    """One folder (cache and outputs) for the module's interrupted runs and their references,
+    so all use one trained tokenizer (training it twice may break ties between equally frequent
+    merges differently): `reference(micro_batches)` makes the uninterrupted run of RUN once and
+    returns its run folder."""
+    base = tmp_path_factory.mktemp("runs")
+    done_runs = {}
+
+    def reference(micro_batches: int) -> Path:
+        if micro_batches not in done_runs:
+            run = (*RUN, f"trainer.accumulate_grad_batches={micro_batches}")
+            name = f"reference{micro_batches}"
+            done = run_pretrain(base, *run, f"trainer.max_steps={STEPS}", f"run_name={name}")
+            assert done.returncode == 0, done.stderr[-3000:]
+            done_runs[micro_batches] = base / f"out/bert-tiny/{name}"
+        return done_runs[micro_batches]
+
+    return base, reference
+
+
+def interrupt_mid_run(tmp_path: Path, run: tuple[str, ...], name: str, signum: int):
+    """Start a run, send it `signum` once its step-10 checkpoint exists; the finished process."""
+    process = subprocess.Popen(
+        pretrain_command(tmp_path, *run, f"run_name={name}"),
+        cwd=REPO,
+        env=CLI_ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_checkpoint(process, tmp_path / f"out/bert-tiny/{name}/checkpoints", 10)
+    process.send_signal(signum)
+    process.stderr_text = process.communicate(timeout=300)[1]
+    return process
+
+
+def assert_resumes_exactly(tmp_path: Path, run, name: str, reference_dir: Path) -> int:
+    """Resume run `name` with resume=auto; its losses from the resume point on and its final
+    weights equal the uninterrupted reference's. Returns the step it resumed from."""
+    run_dir = tmp_path / f"out/bert-tiny/{name}"
+    before = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    resumed = run_pretrain(tmp_path, *run, f"run_name={name}", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout
+    start = torch.load(resumed.stdout.split("resuming from ")[1].split()[0], weights_only=True)[
+        "global_step"
+    ]
+    assert 10 <= start < STEPS
+    # Only whole steps are saved: nothing new right after resuming (e.g. mid-step).
+    new = {p.name for p in (run_dir / "checkpoints").iterdir()} - before
+    assert f"step{start:07d}-v1.ckpt" not in new
+
+    expected = train_losses(reference_dir)
+    got = train_losses(run_dir)
+    assert sorted(s for s in got if s > start) == list(range(start + 1, STEPS + 1))
+    for step in range(start + 1, STEPS + 1):  # CPU kernels here are deterministic: equal
+        assert got[step] == expected[step], (step, got[step], expected[step])
+
+    final = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
+    reference_final = torch.load(reference_dir / "checkpoints/last.ckpt", weights_only=True)[
+        "state_dict"
+    ]
+    assert final.keys() == reference_final.keys()
+    assert all(torch.equal(final[k], reference_final[k]) for k in final)
+    return start
+
+
 @pytest.mark.parametrize("micro_batches", [1, 2], ids=["plain", "accumulating"])
-def test_killed_run_resumes_exactly(tmp_path, micro_batches):
+def test_killed_run_resumes_exactly(micro_batches, shared_runs):
     run = (*RUN, f"trainer.accumulate_grad_batches={micro_batches}", f"trainer.max_steps={STEPS}")
-    reference = run_pretrain(tmp_path, *run, "run_name=reference")
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    expected = train_losses(tmp_path / "out/bert-tiny/reference")
-    assert sorted(expected) == list(range(STEPS))
-    kept = sorted(p.name for p in (tmp_path / "out/bert-tiny/reference/checkpoints").iterdir())
+    tmp_path, reference = shared_runs
+    reference_dir = reference(micro_batches)
+    assert sorted(train_losses(reference_dir)) == list(range(1, STEPS + 1))  # steps done
+    kept = sorted(p.name for p in (reference_dir / "checkpoints").iterdir())
     # the last 2 periodic ones, last.ckpt, and the 1 best by validation loss (step 20 or 40)
     assert [k for k in kept if not k.startswith("best-")] == [
         "last.ckpt",
@@ -70,43 +137,38 @@ def test_killed_run_resumes_exactly(tmp_path, micro_batches):
     ]
     assert len([k for k in kept if k.startswith("best-")]) == 1
 
-    run_dir = tmp_path / "out/bert-tiny/killed"
-    process = subprocess.Popen(
-        pretrain_command(tmp_path, *run, "run_name=killed"),
-        cwd=REPO,
-        env=CLI_ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for_checkpoint(process, run_dir / "checkpoints", 10)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    name = f"killed{micro_batches}"
+    process = interrupt_mid_run(tmp_path, run, name, signal.SIGKILL)
     assert process.returncode == -signal.SIGKILL  # killed mid-run, not finished
+    start = assert_resumes_exactly(tmp_path, run, name, reference_dir)
+    assert start % 5 == 0  # a periodic checkpoint: nothing was saved when it was killed
 
-    before = {p.name for p in (run_dir / "checkpoints").iterdir()}
-    resumed = run_pretrain(tmp_path, *run, "run_name=killed", "resume=auto")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from" in resumed.stdout
-    start = torch.load(resumed.stdout.split("resuming from ")[1].split()[0], weights_only=True)[
-        "global_step"
-    ]
-    assert 10 <= start < STEPS and start % 5 == 0
-    # Only whole steps are saved: nothing new right after resuming (e.g. mid-step).
-    new = {p.name for p in (run_dir / "checkpoints").iterdir()} - before
-    assert f"step{start:07d}-v1.ckpt" not in new
 
-    got = train_losses(run_dir)
-    assert sorted(s for s in got if s >= start) == list(range(start, STEPS))
-    for step in range(start, STEPS):  # CPU kernels here are deterministic: equal, not close
-        assert got[step] == expected[step], (step, got[step], expected[step])
-
-    final = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
-    reference_final = torch.load(
-        tmp_path / "out/bert-tiny/reference/checkpoints/last.ckpt", weights_only=True
-    )["state_dict"]
-    assert final.keys() == reference_final.keys()
-    assert all(torch.equal(final[k], reference_final[k]) for k in final)
+@pytest.mark.parametrize(
+    ("signum", "micro_batches"),
+    [(signal.SIGINT, 1), (signal.SIGTERM, 2)],
+    ids=["ctrl-c", "sigterm-accumulating"],
+)
+def test_a_signalled_run_saves_its_step_and_resumes_exactly(signum, micro_batches, shared_runs):
+    """Ctrl-C or SIGTERM: the current step is finished and saved (last.ckpt at that step), the
+    process says how to resume and exits with 128 + the signal; resume=auto is exact."""
+    run = (*RUN, f"trainer.accumulate_grad_batches={micro_batches}", f"trainer.max_steps={STEPS}")
+    tmp_path, reference = shared_runs
+    reference_dir = reference(micro_batches)
+    name = f"stopped{micro_batches}"
+    process = interrupt_mid_run(tmp_path, run, name, signum)
+    assert process.returncode == 128 + signum, process.stderr_text[-3000:]
+    stderr = process.stderr_text
+    assert f"stopped by {signal.Signals(signum).name} after step" in stderr
+    resume_hint = stderr.split("continue with: ")[1].splitlines()[0]
+    assert resume_hint.startswith("make pretrain ") and resume_hint.endswith(
+        f"run_name={name} resume=auto"
+    )
+    last = torch.load(tmp_path / f"out/bert-tiny/{name}/checkpoints/last.ckpt", weights_only=True)
+    stopped_at = int(stderr.split("after step ")[1].split(";")[0])
+    assert last["global_step"] == stopped_at >= 10
+    start = assert_resumes_exactly(tmp_path, run, name, reference_dir)
+    assert start == stopped_at  # resumed from the step the signal saved, not an older one
 
 
 def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_named(tmp_path):
@@ -140,7 +202,7 @@ def test_final_checkpoint_is_written_when_steps_are_not_a_multiple_of_the_interv
 
 def test_resuming_from_the_end_of_run_checkpoint_logs_the_next_steps(tmp_path):
     """The end-of-run checkpoint is saved after Lightning counted the last batch; a run resumed
-    from it must log steps 5, 6, 7 after a first run's 0-4, not 6, 7, 8."""
+    from it must log steps 6, 7, 8 after a first run's 1-5 (steps done), not 7, 8, 9."""
     run = ("model=gpt-tiny", "debug=smoke", "run_name=ended", "logger=csv")
     first = run_pretrain(tmp_path, *run, "trainer.max_steps=5", "checkpoint.every_n_steps=100")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -151,7 +213,7 @@ def test_resuming_from_the_end_of_run_checkpoint_logs_the_next_steps(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     with open(run_dir / "logs" / "metrics.csv") as handle:
         steps = [int(r["step"]) for r in csv.DictReader(handle) if r["train/loss"]]
-    assert steps == list(range(8))
+    assert steps == list(range(1, 9))
 
 
 def test_a_resumed_run_trains_with_its_own_learning_rate(tmp_path):
@@ -174,7 +236,7 @@ def test_a_resumed_run_trains_with_its_own_learning_rate(tmp_path):
     same, same_log = logged_lrs("same", f"resume={ended}")
     halved, halved_log = logged_lrs("halved", f"resume={ended}", f"optim.lr={peak / 2}")
     fresh, _ = logged_lrs("fresh")  # 8 steps from scratch: the schedule the resumed runs follow
-    assert sorted(halved) == sorted(same) == [5, 6, 7]
+    assert sorted(halved) == sorted(same) == [6, 7, 8]
     for step in same:  # this run's 8-step schedule from the first resumed step on
         assert same[step] == pytest.approx(fresh[step])
         assert halved[step] == pytest.approx(same[step] / 2)
@@ -209,3 +271,93 @@ def test_check_compatible_lists_every_mismatched_field(small_docs, tmp_path):
         check_compatible(saved, other, tokenizer)
     assert "model.n_layers: checkpoint 2, this run 3" in str(err.value)
     assert "model.d_ff: checkpoint 512, this run 256" in str(err.value)
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("keep_best", [1, 2])
+def test_resume_keeps_exactly_keep_best_files_and_the_true_best(tmp_path, keep_best):
+    """A periodic checkpoint is saved before its step's validation, so the best file that
+    validation writes is newer than the state a resume starts from. The resumed run must still
+    know it: `keep_best` best files in the end, the best validation losses of the whole run.
+    (The resumed run trains at a tiny learning rate, so its validations tie with step 10's.)"""
+    run = (
+        "model=gpt-tiny",
+        "debug=smoke",
+        "logger=csv",
+        "run_name=best",
+        "checkpoint.every_n_steps=5",
+        f"checkpoint.keep_best={keep_best}",
+    )
+    first = run_pretrain(tmp_path, *run, "trainer.max_steps=10")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=20", "resume=auto", "optim.lr=1e-12")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run_dir = tmp_path / "out/gpt-tiny/best"
+    with open(run_dir / "logs" / "metrics.csv") as handle:
+        losses = {
+            int(r["step"]): float(r["val/loss"]) for r in csv.DictReader(handle) if r["val/loss"]
+        }
+    assert sorted(losses) == [5, 10, 15, 20]
+    kept = sorted((run_dir / "checkpoints").glob("best-*.ckpt"))
+    assert len(kept) == keep_best, [p.name for p in kept]
+    # the kept files are those of the keep_best lowest losses (the earliest of equal ones)
+    expected = sorted(losses, key=lambda step: (losses[step], step))[:keep_best]
+    assert sorted(int(p.stem.split("step")[1]) for p in kept) == sorted(expected)
+
+
+def test_a_damaged_last_checkpoint_is_moved_aside_and_replaced(tmp_path):
+    """resume=auto falls back to the newest good checkpoint and the run ends with a good
+    last.ckpt (the one `make generate ckpt=<run>` reads), the damaged file renamed, not lost."""
+    run = ("model=gpt-tiny", "debug=smoke", "logger=csv", "run_name=torn")
+    first = run_pretrain(tmp_path, *run, "trainer.max_steps=10", "checkpoint.every_n_steps=5")
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoints = tmp_path / "out/gpt-tiny/torn/checkpoints"
+    last = checkpoints / "last.ckpt"
+    torn = last.read_bytes()[: last.stat().st_size // 2]
+    last.write_bytes(torn)
+    resumed = run_pretrain(
+        tmp_path, *run, "trainer.max_steps=12", "checkpoint.every_n_steps=5", "resume=auto"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # the newest good checkpoint holds the same step 10 as the damaged last.ckpt
+    assert resumed.stdout.split("resuming from ")[1].split()[0].endswith("/step0000010.ckpt")
+    assert "moved aside to last.ckpt.damaged" in resumed.stdout + resumed.stderr
+    assert (checkpoints / "last.ckpt.damaged").read_bytes() == torn
+    assert torch.load(last, weights_only=True)["global_step"] == 12
+    assert not list(checkpoints.glob("last-v*.ckpt"))
+
+
+def test_a_refused_rerun_leaves_the_run_folder_byte_identical(tmp_path):
+    first = run_pretrain(tmp_path, "model=gpt-tiny", "debug=smoke", "run_name=kept", "logger=csv")
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = tmp_path / "out/gpt-tiny/kept"
+    before = folder_bytes(run_dir)
+    assert ".hydra/config.yaml" in before and "pretrain.log" in before
+    again = run_pretrain(
+        tmp_path, "model=gpt-tiny", "debug=smoke", "run_name=kept", "logger=csv", "optim.lr=0.5"
+    )
+    assert again.returncode == 2 and "already has checkpoints" in again.stderr
+    assert folder_bytes(run_dir) == before
+
+
+def test_a_resumed_attempt_keeps_the_first_record_and_writes_its_own_apart(tmp_path):
+    run = ("model=gpt-tiny", "debug=smoke", "run_name=twice", "logger=csv")
+    first = run_pretrain(tmp_path, *run)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = tmp_path / "out/gpt-tiny/twice"
+    record = (run_dir / ".hydra" / "config.yaml").read_bytes()
+    refused = run_pretrain(tmp_path, *run, "resume=auto", "model.d_ff=256")
+    assert refused.returncode == 2 and "model.d_ff" in refused.stderr
+    assert (run_dir / ".hydra" / "config.yaml").read_bytes() == record
+    [attempt] = (run_dir / ".hydra").glob("resume-*/overrides.yaml")
+    assert "model.d_ff=256" in attempt.read_text()
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", ".."])
+def test_a_run_name_that_is_not_one_folder_is_refused_before_anything_is_written(tmp_path, name):
+    result = run_pretrain(tmp_path, "model=gpt-tiny", "debug=smoke", f"run_name={name}")
+    assert result.returncode == 2 and f"run_name={name!r} is not a folder name" in result.stderr
+    assert not (tmp_path / "out").exists()  # no folder made, inside outputs or out of it

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import random
 
@@ -179,6 +180,28 @@ def test_cache_reuse_and_key(tmp_path, small_docs, monkeypatch):
         != path
     )
     assert tokenizer_cache_path(spec, ListCorpus(small_docs[:9]), tmp_path) != path
+
+
+@pytest.mark.parametrize(
+    ("kind", "change", "retrains"),
+    [
+        ("wordpiece", {"vocab_size": 1600}, True),
+        ("wordpiece", {"min_frequency": 3}, True),
+        ("wordpiece", {"lowercase": False}, True),
+        ("bpe", {"vocab_size": 1600}, True),
+        ("bpe", {"min_frequency": 3}, True),
+        ("bpe", {"lowercase": False}, False),  # byte-level BPE never normalizes
+        ("wordpiece", {"path": "elsewhere/tokenizer.json"}, False),  # loaded, not trained
+    ],
+)
+def test_cache_key_follows_every_training_setting(tmp_path, kind, change, retrains):
+    corpus = ListCorpus(["some text"])
+    spec = TokenizerSpec(kind=kind, vocab_size=1500)
+    changed = TokenizerSpec(**{**dataclasses.asdict(spec), **change})
+    moved = tokenizer_cache_path(changed, corpus, tmp_path) != tokenizer_cache_path(
+        spec, corpus, tmp_path
+    )
+    assert moved == retrains
 
 
 def test_corrupt_cache_entry_is_rebuilt(tmp_path, small_docs):

@@ -1,0 +1,87 @@
+"""A run folder's record is never overwritten by an attempt that is refused.
+
+Hydra writes `.hydra/config.yaml`, `overrides.yaml` and starts the job's log file before the
+command's own code runs, so a check made there (a re-run into a folder that holds checkpoints,
+say) would come after the folder's record of what its checkpoints were trained with was
+overwritten. `RunFolderGuard`, a Hydra callback of `make pretrain` and `make finetune`, makes the
+checks that need nothing but the command line before Hydra writes anything:
+
+- `run_name` is one folder name (no `/`, `..`), so a run stays under `outputs/<model>/`;
+- a fresh run into a folder that holds a run is refused (`refuse_overwrite`, which the commands
+  also call themselves, for runs started without Hydra);
+- a resumed pretraining run keeps the first attempt's `.hydra/` record and writes its own into
+  `.hydra/resume-<time>/`, so a resume refused later (a checkpoint that does not fit the
+  config) leaves the record of the trained run in place.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from pipeline.config import ConfigError, check_run_name
+
+Command = Literal["pretrain", "finetune"]
+CHECKPOINT_DIR = "checkpoints"
+RESULTS = "results.json"
+RECORD_DIR = ".hydra"
+
+
+def refuse_overwrite(command: Command, run_dir: Path, resume: Any = None) -> None:
+    """Refuse a fresh run into a folder that already holds one, naming what is there.
+
+    Pretraining continues a run with `resume`; a fine-tuning run folder is never reused.
+    """
+    if command == "pretrain":
+        if resume is not None:
+            return
+        existing = sorted((run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
+        if existing:
+            raise ConfigError(
+                f"run folder {run_dir} already has checkpoints ({existing[-1].name}, ...): pass "
+                "resume=auto to continue that run, or choose another run_name"
+            )
+        return
+    if (run_dir / RESULTS).exists() or (run_dir / CHECKPOINT_DIR).exists():
+        raise ConfigError(
+            f"{run_dir} already holds a fine-tuning run; choose another run_name= (or delete "
+            "the folder) so that its checkpoints and results are not mixed with a new run's"
+        )
+
+
+def resumes_a_run(run_dir: Path, resume: Any) -> bool:
+    """Whether a pretraining attempt continues the run recorded in `run_dir`."""
+    return resume is not None and (run_dir / RECORD_DIR / "config.yaml").is_file()
+
+
+class RunFolderGuard(Callback):
+    """Hydra callback: the checks above, before Hydra writes into the run folder.
+
+    Args:
+        command: which command's folder this is ("pretrain" or "finetune").
+    """
+
+    def __init__(self, command: Command) -> None:
+        self.command = command
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.output_subdir is None:  # a command that keeps no run record
+            return
+        HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in the folder name
+        try:
+            check_run_name(config.get("run_name"))
+            run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+            refuse_overwrite(self.command, run_dir, config.get("resume"))
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        if self.command == "pretrain" and resumes_a_run(run_dir, config.get("resume")):
+            stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+            with read_write(config.hydra), open_dict(config.hydra):
+                config.hydra.output_subdir = f"{RECORD_DIR}/resume-{stamp}"
