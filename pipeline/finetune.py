@@ -47,6 +47,7 @@ from pipeline.loggers import (
     log_run_end,
     log_run_start,
     log_table,
+    progress_bar,
     saved_wandb_run,
     tokenizer_fingerprint,
 )
@@ -225,6 +226,7 @@ def finetune(cfg: DictConfig) -> dict[str, Any]:
                 trained_seq_len=trained,
             ),
             checkpoint,
+            *progress_bar(cfg.trainer),
         ],
         plugins=[AtomicCheckpointIO()],
     )

@@ -52,6 +52,7 @@ from urllib.parse import urlsplit
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
@@ -258,6 +259,19 @@ def build_loggers(
         )
         loggers.append(numbered_from_one(logger))
     return loggers
+
+
+class EpochFromOneProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, naming the epoch as every record does: from 1."""
+
+    def on_train_epoch_start(self, trainer, *args: Any) -> None:
+        super().on_train_epoch_start(trainer, *args)
+        self.train_progress_bar.set_description(f"Epoch {trainer.current_epoch + 1}")
+
+
+def progress_bar(trainer_cfg: DictConfig) -> list[TQDMProgressBar]:
+    """The progress bar callback of a Trainer config (none when it turns the bar off)."""
+    return [EpochFromOneProgressBar()] if trainer_cfg.get("enable_progress_bar", True) else []
 
 
 def numbered_from_one(logger: Logger) -> Logger:

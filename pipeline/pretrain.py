@@ -43,6 +43,7 @@ from pipeline.loggers import (
     build_loggers,
     log_run_end,
     log_run_start,
+    progress_bar,
     saved_wandb_run,
     tokenizer_fingerprint,
 )
@@ -82,6 +83,7 @@ def build_trainer(
             Throughput(),
             extras,
             GracefulStop(),
+            *progress_bar(cfg.trainer),
             *checkpoint_callbacks(run_dir, **cfg.checkpoint),
         ],
         plugins=[AtomicCheckpointIO()],
