@@ -27,7 +27,9 @@ equal      = $(if $(subst x$(1),,x$(2))$(subst x$(2),,x$(1)),,yes)
 PRELOAD    = $(if $(call equal,$(ALLOCATOR),system),,$(if $(call equal,$(ALLOCATOR),tcmalloc),$(TCMALLOC_PRELOAD),$(error ALLOCATOR=$(ALLOCATOR) is not known: use ALLOCATOR=tcmalloc (the default) or ALLOCATOR=system (glibc's malloc))))
 TCMALLOC_PRELOAD = $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC) TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776,$(if $(filter file,$(origin ALLOCATOR)),,$(error ALLOCATOR=tcmalloc: libtcmalloc_minimal.so.4 is not installed; install it (Debian/Ubuntu: apt install libtcmalloc-minimal4) or use ALLOCATOR=system)))
 # Tells pipeline/cli.py to take the overrides given to make (recorded by make in MAKEFLAGS).
-RUN     = LMPIPE_FROM_MAKE=1 $(PRELOAD) $(PY) -m
+# `exec`: the shell make starts is replaced by Python, so the SIGTERM that make forwards to its
+# job (kill, SLURM, Kubernetes) reaches the run, which saves a checkpoint (pipeline/interrupt.py).
+RUN     = LMPIPE_FROM_MAKE=1 $(PRELOAD) exec $(PY) -m
 
 .DEFAULT_GOAL := help
 .PHONY: help setup lock pretrain generate fill-mask finetune evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-gpu bench-memory lint format clean

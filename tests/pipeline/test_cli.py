@@ -247,3 +247,33 @@ def test_single_process_runs_get_a_time_stamped_folder():
     assert process.returncode == 0
     assert folder.parent == Path("outputs/bert")
     assert folder.name[:2] == "20" and len(folder.name) == len("2026-01-01_12-00-00")
+
+
+def test_make_passes_sigterm_on_to_the_run(tmp_path):
+    """`kill <make>` (SLURM, Kubernetes) must reach the training process, which then saves a
+    checkpoint; make forwards SIGTERM to its job, so the job must be the run itself (`exec`),
+    not a shell around it. A stand-in for Python records the signal it gets."""
+    (tmp_path / "Makefile").write_text((REPO / "Makefile").read_text())
+    fake = tmp_path / "py"
+    fake.write_text(
+        "#!/bin/sh\ntrap 'echo TERM > got; exit 143' TERM\ntouch started\n"
+        "while true; do sleep 0.05; done\n"
+    )
+    fake.chmod(0o755)
+    inherited = ("ALLOCATOR", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    make = subprocess.Popen(
+        ["make", "-s", "pretrain", "PY=./py", "STAMP=", "ALLOCATOR=system"],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k not in inherited},
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "started").exists():
+        assert make.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    make.terminate()
+    assert make.wait(timeout=30) != 0
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "got").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "got").read_text().strip() == "TERM"

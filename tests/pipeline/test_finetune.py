@@ -553,3 +553,20 @@ def test_fine_tuning_past_the_pretrained_length_warns_and_records_the_new_length
             data_dir=GLUE / "RTE",
         )
     assert not [r for r in caplog.records if "start untrained" in r.getMessage()]
+
+
+def test_a_refused_fine_tuning_rerun_leaves_the_folder_as_it_was(tmp_path):
+    """Refused before Hydra writes: no .hydra/ record or log over the finished run's."""
+    run_dir = tmp_path / "out" / "finetune" / "rte" / "done"
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text("{}\n")
+    result = run_cli(
+        "pipeline.finetune",
+        "task=rte",
+        "ckpt=anything",
+        "run_name=done",
+        f"paths.output_root={tmp_path / 'out'}",
+        tmp_path=tmp_path,
+    )
+    assert result.returncode == 2 and "already holds a fine-tuning run" in result.stderr
+    assert [p.name for p in run_dir.iterdir()] == ["results.json"]
