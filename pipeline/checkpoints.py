@@ -34,7 +34,16 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from tokenizers import Tokenizer
 
 from models.config import BertConfig, GPTConfig
-from pipeline.config import FAMILIES, ConfigError
+from pipeline.config import ConfigError
+from pipeline.families import family_of_config
+from pipeline.lightning_compat import (
+    last_saved_step,
+    mark_saved,
+    remove_checkpoint,
+    save_now,
+    set_logging_step,
+    step_boundary,
+)
 from pipeline.load import TRAINED_SEQ_LEN, CheckpointLoadError, read_checkpoint, trained_seq_len
 from pipeline.loggers import wandb_run_record
 from pipeline.run_folder import CHECKPOINT_DIR, refuse_overwrite
@@ -66,18 +75,18 @@ class StepCheckpoint(ModelCheckpoint):
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
-        self._last_global_step_saved = trainer.global_step  # resumed from it: on disk already
+        mark_saved(self, trainer.global_step)  # resumed from it: on disk already
         self._align_log_step = trainer.global_step > 0
         if trainer.global_step > 0 and self.monitor != "step":
             self._adopt_saved_best(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        # Lightning's logging step (`_batches_that_stepped`) is saved before a batch is counted
+        # Lightning's logging step is saved before a batch is counted
         # and given +1 when restored; the end-of-run checkpoint is saved after the count, so a
         # run resumed from it would log every step one too high. One logged step per optimizer
         # step: the first batch after a resume logs at the global step.
         if self._align_log_step:
-            trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
+            set_logging_step(trainer, trainer.global_step)
             self._align_log_step = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -94,10 +103,8 @@ class StepCheckpoint(ModelCheckpoint):
         saved already (only the callback that keeps `last.ckpt` saves); returns `last.ckpt`."""
         if not self.save_last:
             return None
-        if self._last_global_step_saved != trainer.global_step:
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+        if last_saved_step(self) != trainer.global_step:
+            save_now(self, trainer)
         return Path(self.last_model_path) if self.last_model_path else None
 
     def _adopt_saved_best(self, trainer) -> None:
@@ -121,16 +128,11 @@ class StepCheckpoint(ModelCheckpoint):
             del self.best_k_models[path]
             if Path(path).exists():
                 log.info("keep_best=%d: removing %s (a better one is kept)", self.save_top_k, path)
-                self._remove_checkpoint(trainer, path)
+                remove_checkpoint(self, trainer, path)
         kept = best_first[: self.save_top_k]
         self.best_model_path, self.kth_best_model_path = kept[0], kept[-1]
         self.best_model_score = self.best_k_models[kept[0]]
         self.kth_value = self.best_k_models[kept[-1]]
-
-
-def step_boundary(trainer: L.Trainer) -> bool:
-    """Whether the training batch that just ended completed an optimizer step."""
-    return not trainer.fit_loop.epoch_loop._should_accumulate()
 
 
 def saved_score(path: Path, state_key: str) -> torch.Tensor | None:
@@ -175,8 +177,9 @@ def checkpoint_callbacks(
     return callbacks
 
 
-def model_config_record(config: BertConfig | GPTConfig) -> dict[str, Any]:
-    return {"family": FAMILIES[type(config)][0], **dataclasses.asdict(config)}
+def model_config_record(config: Any) -> dict[str, Any]:
+    """The `model_config` checkpoint entry: the family's name and the config's fields."""
+    return {"family": family_of_config(config).name, **dataclasses.asdict(config)}
 
 
 class CheckpointExtras(L.Callback):

@@ -17,16 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 from datamodules.corpus import CorpusError
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from models.config import BertConfig, GPTConfig
+from pipeline.families import UnknownFamilyError, family_of_config
 from pipeline.schedules import resolve_warmup
 from tokenizer import TokenizerSpec
 
 log = logging.getLogger(__name__)
 
-# model config type -> (family name, tokenizer kind, objective type)
-FAMILIES: dict[type, tuple[str, str, type]] = {
-    BertConfig: ("bert", "wordpiece", MaskedLMObjective),
-    GPTConfig: ("gpt", "bpe", CausalLMObjective),
-}
 # The longest position table allowed, as a multiple of the trained sequence length (BERT: 512/128).
 UNTRAINED_POSITIONS_RATIO = 4
 PRECISIONS = (None, "32", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
@@ -76,15 +72,19 @@ def check_config(cfg: DictConfig) -> RunPlan:
     model = build("model", cfg.model)
     tokenizer = build("tokenizer", cfg.tokenizer)
     objective = build("objective", cfg.objective)
-    family, tokenizer_kind, objective_type = _family_of(model)
-    if tokenizer.kind != tokenizer_kind:
+    try:
+        family = family_of_config(model)
+    except UnknownFamilyError as err:
+        raise ConfigError(f"model: {err}") from err
+    if tokenizer.kind != family.tokenizer_kind:
         raise ConfigError(
-            f"tokenizer.kind={tokenizer.kind!r} does not fit a {family} model, which needs "
-            f"{tokenizer_kind!r}; drop the tokenizer override or choose tokenizer={tokenizer_kind}"
+            f"tokenizer.kind={tokenizer.kind!r} does not fit a {family.name} model, which needs "
+            f"{family.tokenizer_kind!r}; drop the tokenizer override or choose "
+            f"tokenizer={family.tokenizer_kind}"
         )
-    if not isinstance(objective, objective_type):
+    if not isinstance(objective, family.objective_class):
         raise ConfigError(
-            f"objective {type(objective).__name__} does not fit a {family} model; drop the "
+            f"objective {type(objective).__name__} does not fit a {family.name} model; drop the "
             "objective override (model=... selects the matching objective)"
         )
     if objective.seq_len > model.max_seq_len:
@@ -101,7 +101,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     corpus = build("data", cfg.data)
-    return RunPlan(family, model, tokenizer, objective, corpus)
+    return RunPlan(family.name, model, tokenizer, objective, corpus)
 
 
 def _check_positions(max_seq_len: int, seq_len: int) -> None:
@@ -126,13 +126,6 @@ def _check_positions(max_seq_len: int, seq_len: int) -> None:
             seq_len,
             max_seq_len,
         )
-
-
-def _family_of(model: object) -> tuple[str, str, type]:
-    for config_type, family in FAMILIES.items():
-        if isinstance(model, config_type):
-            return family
-    raise ConfigError(f"model: unsupported model config type {type(model).__name__}")
 
 
 def _check_optimizer(optim: DictConfig) -> None:

@@ -141,7 +141,7 @@ def main(cfg: DictConfig) -> None:
         require_keys(cfg, usage, "ckpt", "text")
         device = resolve_device(cfg.device)
         pretrained = load_pretrained(cfg.ckpt)
-        expect_family(pretrained, "bert", instead="make generate")
+        expect_family(pretrained, "bert")
         pretrained.model.to(device)
         print(f"{pretrained.family} model from {pretrained.source} on {device}", file=sys.stderr)
         text = str(cfg.text)

@@ -141,7 +141,7 @@ def main(cfg: DictConfig) -> None:
         sampling = Sampling.from_config(cfg)
         device = resolve_device(cfg.device)
         pretrained = load_pretrained(cfg.ckpt)
-        expect_family(pretrained, "gpt", instead="make fill-mask")
+        expect_family(pretrained, "gpt")
         pretrained.model.to(device)
         print(f"{pretrained.family} model from {pretrained.source} on {device}", file=sys.stderr)
         prompt = "" if cfg.prompt is None else str(cfg.prompt)

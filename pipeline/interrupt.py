@@ -26,7 +26,8 @@ from typing import Any
 
 import lightning as L
 
-from pipeline.checkpoints import StepCheckpoint, step_boundary
+from pipeline.checkpoints import StepCheckpoint
+from pipeline.lightning_compat import step_boundary
 
 log = logging.getLogger(__name__)
 

@@ -33,11 +33,17 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 from torch import nn
 
-from models.bert import BertForPreTraining
 from models.config import BertConfig, GPTConfig
-from models.gpt import GPT
 from models.hf import UnsupportedCheckpointError, load_hf
 from pipeline.config import ConfigError
+from pipeline.families import (
+    UnknownFamilyError,
+    families,
+    family_named,
+    family_of_model,
+    family_of_tokenizer_model,
+    tokenizer_kinds,
+)
 from tokenizer import TokenizerLoadError, load_tokenizer
 
 __all__ = [
@@ -57,12 +63,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# family -> (config class, model class) of our own checkpoints
-FAMILIES: dict[str, tuple[type, type[nn.Module]]] = {
-    "bert": (BertConfig, BertForPreTraining),
-    "gpt": (GPTConfig, GPT),
-}
-TOKENIZER_KINDS = {"WordPiece": "wordpiece", "BPE": "bpe"}  # tokenizers model type -> our kind
 STATE_PREFIX = "model."  # the LightningModule holds the model as `self.model`
 # Where a folder's model is looked for, in order; the first that exists wins.
 FOLDER_CANDIDATES = ("config.json", "checkpoints/last.ckpt", "last.ckpt", "hf/config.json")
@@ -122,10 +122,11 @@ def load_pretrained(path: str | os.PathLike) -> Pretrained:
     return pretrained
 
 
-def expect_family(pretrained: Pretrained, family: str, instead: str) -> None:
+def expect_family(pretrained: Pretrained, family: str, instead: str | None = None) -> None:
     """Raise `WrongFamilyError` unless `pretrained` is a `family` model; `instead` names what to
-    use for the other family (e.g. "make fill-mask")."""
+    use for the model's own family (default: its family's `try_command`, e.g. "make fill-mask")."""
     if pretrained.family != family:
+        instead = instead or f"make {family_named(pretrained.family).try_command[0]}"
         raise WrongFamilyError(
             f"{pretrained.source} holds a {pretrained.family.upper()} model, but this command "
             f"needs a {family.upper()}; for a {pretrained.family.upper()} use {instead}"
@@ -228,15 +229,17 @@ def _unreadable(path: Path, err: Exception) -> CheckpointLoadError:
 
 def checkpoint_model_config(path: Path, entry: Any) -> tuple[str, BertConfig | GPTConfig]:
     fields = dict(entry) if isinstance(entry, dict) else {}
-    family = fields.pop("family", None)
-    if family not in FAMILIES:
-        raise CheckpointLoadError(
-            f"{path}: model_config['family'] is {family!r}, expected one of {sorted(FAMILIES)}; "
-            "the checkpoint was not written by `make pretrain`"
-        )
-    config_class = FAMILIES[family][0]
     try:
-        return family, config_class(**fields)
+        family = family_named(fields.pop("family", None))
+    except UnknownFamilyError as err:
+        known = ", ".join(repr(f.name) for f in families())
+        raise CheckpointLoadError(
+            f"{path}: model_config['family'] is {err.args[1]!r}, expected one of {known}; the "
+            "checkpoint was not written by `make pretrain`"
+        ) from err
+    config_class = family.config_class
+    try:
+        return family.name, config_class(**fields)
     except (TypeError, ValueError) as err:
         raise CheckpointLoadError(
             f"{path}: model_config does not make a valid {config_class.__name__} ({err}); the "
@@ -246,10 +249,11 @@ def checkpoint_model_config(path: Path, entry: Any) -> tuple[str, BertConfig | G
 
 def checkpoint_tokenizer(path: Path, entry: Any) -> tuple[Tokenizer, str]:
     kind = entry.get("kind") if isinstance(entry, dict) else None
-    if kind not in TOKENIZER_KINDS.values():
+    if kind not in tokenizer_kinds():
         raise CheckpointLoadError(
-            f"{path}: tokenizer['kind'] is {kind!r}, expected 'wordpiece' or 'bpe'; the "
-            "checkpoint was not written by `make pretrain`"
+            f"{path}: tokenizer['kind'] is {kind!r}, expected one of "
+            f"{', '.join(sorted(tokenizer_kinds()))}; the checkpoint was not written by "
+            "`make pretrain`"
         )
     try:
         return Tokenizer.from_str(entry["json"]), kind
@@ -266,7 +270,7 @@ def _build_model(
     """The model of `config` holding the weights of `state` (no random init is run: the model
     is built on the meta device and the checkpoint's tensors are assigned to it)."""
     with torch.device("meta"):
-        model = FAMILIES[family][1](config)
+        model = family_named(family).model_class(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     missing = sorted(expected.keys() - state.keys())
     unexpected = sorted(state.keys() - expected.keys())
@@ -318,14 +322,16 @@ def _load_hf_folder(folder: Path) -> Pretrained:
     except TokenizerLoadError as err:
         raise CheckpointLoadError(f"{folder}: {err}") from err
     model_type = type(tokenizer.model).__name__
-    if model_type not in TOKENIZER_KINDS:
+    tokenizer_family = family_of_tokenizer_model(model_type)
+    if tokenizer_family is None:
+        known = ", ".join(f"{f.tokenizer_model} ({f.name})" for f in families())
         raise CheckpointLoadError(
-            f"{folder}: the tokenizer is a {model_type} model; only WordPiece (BERT) and BPE "
-            "(GPT) tokenizers are supported"
+            f"{folder}: the tokenizer is a {model_type} model; only {known} tokenizers are "
+            "supported"
         )
     _check_vocab(folder, tokenizer, model.config.vocab_size)
-    family = "gpt" if isinstance(model, GPT) else "bert"
-    return Pretrained(family, model, tokenizer, TOKENIZER_KINDS[model_type], folder)
+    family = family_of_model(model)
+    return Pretrained(family.name, model, tokenizer, tokenizer_family.tokenizer_kind, folder)
 
 
 def _hf_lowercase(folder: Path) -> bool:

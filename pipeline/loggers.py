@@ -38,7 +38,6 @@ offline too (its new offline folder carries the same run id).
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import logging
 import netrc
@@ -51,15 +50,14 @@ from urllib.parse import urlsplit
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.callbacks import TQDMProgressBar
-from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
 from pipeline.config import ConfigError
+from pipeline.lightning_compat import AppendingCSVLogger as AppendingCSVLogger
 
 log = logging.getLogger(__name__)
 
@@ -70,33 +68,8 @@ WANDB_MODE_ALIASES = {"dryrun": "offline", "run": "online"}
 DEFAULT_WANDB_HOST = "https://api.wandb.ai"
 
 
-# CSV ---------------------------------------------------------------------------------------------
-
-
-class _AppendingWriter(ExperimentWriter):
-    """Lightning's CSV writer, except that an existing metrics.csv is kept and appended to
-    (Lightning's deletes it when the log folder is not empty, i.e. on every resume)."""
-
-    def _check_log_dir_exists(self) -> None:
-        if self._fs.isfile(self.metrics_file_path):
-            with self._fs.open(self.metrics_file_path, "r", newline="") as handle:
-                # rows are appended under the file's header; new columns rewrite it
-                self.metrics_keys = next(csv.reader(handle), [])
-
-
-class AppendingCSVLogger(CSVLogger):
-    """`CSVLogger` whose `metrics.csv` survives a resume: the resumed run appends its rows, so
-    the file holds the whole run (the steps between the last checkpoint and a crash twice; the
-    later row is the resumed run's)."""
-
-    @property
-    @rank_zero_experiment
-    def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _AppendingWriter(log_dir=self.log_dir)
-        return self._experiment
-
+# CSV: `AppendingCSVLogger` (conf/logger/csv.yaml) lives with the other uses of Lightning's
+# internals, in pipeline/lightning_compat.py; it is importable from here too.
 
 # wandb mode and credentials --------------------------------------------------------------------
 

@@ -345,7 +345,3 @@ class GPTPretraining(PretrainModule):
             position_ids=batch.get("position_ids"),
         )
         return {"loss": (out.loss, batch["targets"].numel())}
-
-
-def module_for(family: str) -> type[PretrainModule]:
-    return {"bert": BertPretraining, "gpt": GPTPretraining}[family]

@@ -25,7 +25,6 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
 from datamodules.pretrain import PretrainDataModule
-from models.config import round_up
 from models.hf import export_hf
 from pipeline.callbacks import Throughput
 from pipeline.checkpoints import (
@@ -37,6 +36,7 @@ from pipeline.checkpoints import (
 )
 from pipeline.cli import entry_point, user_errors
 from pipeline.config import RunPlan, check_config
+from pipeline.families import family_named
 from pipeline.interrupt import GracefulStop, TrainingInterrupted
 from pipeline.load import load_pretrained, read_checkpoint
 from pipeline.loggers import (
@@ -47,7 +47,7 @@ from pipeline.loggers import (
     saved_wandb_run,
     tokenizer_fingerprint,
 )
-from pipeline.modules import PretrainModule, module_for
+from pipeline.modules import PretrainModule
 from tokenizer import get_tokenizer
 
 log = logging.getLogger(__name__)
@@ -58,12 +58,6 @@ def best_precision() -> str:
     if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
         return "bf16-mixed"
     return "32-true"
-
-
-def model_vocab_size(tokenizer_vocab: int, family: str) -> int:
-    """GPT embedding rows are padded to a multiple of 64 for fast matmuls (the extra rows are
-    never targets); BERT keeps the tokenizer's size so that exported checkpoints match it."""
-    return round_up(tokenizer_vocab, 64) if family == "gpt" else tokenizer_vocab
 
 
 def build_trainer(
@@ -103,7 +97,8 @@ def launcher_rank() -> int:
 def sized_model_config(plan: RunPlan, tokenizer: Tokenizer):
     """The run's model config with the vocabulary size its tokenizer needs."""
     return dataclasses.replace(
-        plan.model, vocab_size=model_vocab_size(tokenizer.get_vocab_size(), plan.family)
+        plan.model,
+        vocab_size=family_named(plan.family).model_vocab_size(tokenizer.get_vocab_size()),
     )
 
 
@@ -133,7 +128,7 @@ def assemble(
     (`resume_id`: the wandb run that a resumed run continues)."""
     model_config = sized_model_config(plan, tokenizer)
     datamodule = build_datamodule(cfg, plan, tokenizer)
-    module = module_for(plan.family)(
+    module = family_named(plan.family).module_class(
         model_config,
         optimizer=instantiate(cfg.optim),
         scheduler=instantiate(cfg.schedule),
@@ -225,14 +220,9 @@ def print_summary(
             print(f"  {label:<11} {path}")
     for label, value in (tracking or {}).items():
         print(f"  {label:<11} {value}")
-    if family == "gpt":
-        command = ["make", "generate", f"ckpt={run_dir}", "prompt=The history of"]
-        print(f"next: {shlex.join(command)}")
-        print(f"      or load {export_dir} with transformers.AutoModelForCausalLM")
-    else:
-        command = ["make", "fill-mask", f"ckpt={run_dir}", "text=The capital of France is [MASK]."]
-        print(f"next: {shlex.join(command)}")
-        print(f"      or load {export_dir} with transformers.AutoModelForPreTraining")
+    target, example = family_named(family).try_command
+    print(f"next: {shlex.join(['make', target, f'ckpt={run_dir}', example])}")
+    print(f"      or load {export_dir} with transformers.{family_named(family).hf_auto_class}")
     if places["metrics"].exists():
         print(f"report: {shlex.join(['make', 'report', f'run={run_dir}'])}")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from pipeline.seeds import summarize_seeds
 from tokenizer import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ def summarize_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         first = members[0]
         metric, split = first["main_metric"], first["main_split"]
         values = [m["best"]["metrics"][split][metric] for m in members]
+        summary = summarize_seeds(values)
         rows.append(
             {
                 "setting": setting or "(default)",
@@ -55,10 +56,10 @@ def summarize_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "metric": f"{split}/{metric}",
                 "seeds": sorted(m["seed"] for m in members),
                 "values": values,
-                "median": statistics.median(values),
-                "min": min(values),
-                "max": max(values),
-                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "median": summary.median,
+                "min": summary.min,
+                "max": summary.max,
+                "std": summary.std,
             }
         )
     return rows

@@ -28,11 +28,10 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from datamodules.tasks import LabelMap
-from models.bert import BertForPreTraining, BertModel
 from models.config import BertConfig, GPTConfig
-from models.gpt import GPT, GPTModel
 from models.heads import DocumentClassifier, SequenceClassifier, sequence_loss
 from pipeline.checkpoints import model_config_record
+from pipeline.families import family_named
 from pipeline.load import (
     CheckpointLoadError,
     Pretrained,
@@ -48,7 +47,6 @@ from pipeline.task_metrics import task_metrics
 
 log = logging.getLogger(__name__)
 
-BACKBONES = {"bert": BertModel, "gpt": GPTModel}
 FINETUNE_KEY = "finetune"  # the checkpoint entry that marks (and describes) a fine-tuned model
 
 
@@ -275,7 +273,7 @@ def load_finetuned(path: str | os.PathLike) -> Finetuned:
         head = HeadSpec.from_record(checkpoint[FINETUNE_KEY])
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointLoadError(f"{file}: damaged {FINETUNE_KEY!r} entry ({err!r})") from err
-    module = TaskModule(BACKBONES[family](config), head, eval_splits=["dev"])
+    module = TaskModule(family_named(family).backbone_class(config), head, eval_splits=["dev"])
     try:
         module.model.load_state_dict(model_state(checkpoint))
     except RuntimeError as err:
@@ -310,13 +308,7 @@ def load_backbone(path: str | os.PathLike) -> Pretrained:
 
 def reinitialize(backbone: nn.Module) -> nn.Module:
     """The same architecture with fresh weights (the from-scratch baseline)."""
-    fresh = {
-        BertForPreTraining: BertForPreTraining,
-        BertModel: BertModel,
-        GPT: GPT,
-        GPTModel: GPTModel,
-    }[type(backbone)]
-    return fresh(backbone.config)
+    return type(backbone)(backbone.config)
 
 
 __all__ = [

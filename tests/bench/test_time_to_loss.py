@@ -127,14 +127,14 @@ def test_wall_clock_logger_in_a_real_fit_marks_validations_with_steps_done(tmp_p
 @pytest.mark.parametrize("family", ["bert", "gpt"])
 def test_reference_losses_are_defined_as_ours(tmp_path, family):
     from models import load_hf_bert, load_hf_gpt
-    from pipeline.modules import module_for
+    from pipeline.families import family_named
 
     run = reference_train.compose_run(
         [f"model={family}-tiny", *TINY, f"paths.cache_dir={tmp_path}"]
     )
     torch.manual_seed(0)
     hf = reference_train.build_model(family, run.model_config, torch.device("cpu")).eval()
-    module = module_for(family)(run.model_config, optimizer=None, scheduler=None)
+    module = family_named(family).module_class(run.model_config, optimizer=None, scheduler=None)
     module.model = (load_hf_bert if family == "bert" else load_hf_gpt)(hf).eval()
     batches = [b for b, _ in zip(run.datamodule.val_dataloader(), range(2), strict=False)]
     sums: dict[str, list[float]] = {}

@@ -26,8 +26,7 @@ from datamodules.corpus import EmbeddedCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from models.config import BertConfig, GPTConfig
-from pipeline.modules import module_for
-from pipeline.pretrain import model_vocab_size
+from pipeline.families import family_named
 from pipeline.schedules import warmup_cosine, warmup_linear_decay
 from tokenizer import load_tokenizer
 
@@ -38,7 +37,7 @@ KIND = {"bert": "wordpiece", "gpt": "bpe"}
 
 def model_config(family: str, tokenizer_vocab: int) -> BertConfig | GPTConfig:
     """The tiny preset; dropout off so that the test can recompute the first step's gradients."""
-    vocab = model_vocab_size(tokenizer_vocab, family)
+    vocab = family_named(family).model_vocab_size(tokenizer_vocab)
     if family == "bert":
         return BertConfig.from_preset("tiny", vocab_size=vocab, dropout=0.0, attn_dropout=0.0)
     return GPTConfig.from_preset("tiny", vocab_size=vocab)
@@ -146,7 +145,7 @@ def main(family: str, tokenizer_json: str, cache_dir: str, out: str, steps: int,
         wait_timeout_s=120,
     )
     optimizer, schedule = optimizer_and_schedule(family)
-    module = module_for(family)(
+    module = family_named(family).module_class(
         model_config(family, tokenizer.get_vocab_size()), optimizer=optimizer, scheduler=schedule
     )
     trainer = L.Trainer(

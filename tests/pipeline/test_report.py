@@ -1,4 +1,4 @@
-"""`make report` (pipeline/report.py): the HTML and PNGs of a real tiny run, overlays, fine-tuning
+"""`make report` (pipeline/report/): the HTML and PNGs of a real tiny run, overlays, fine-tuning
 results, run folders it only partly understands, and bad paths."""
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def test_killed_run_resumes_exactly(micro_batches, shared_runs):
 
 @pytest.mark.parametrize(
     ("signum", "micro_batches"),
-    [(signal.SIGINT, 1), (signal.SIGTERM, 2)],
+    [(signal.SIGINT, 1), pytest.param(signal.SIGTERM, 2, marks=pytest.mark.slow)],
     ids=["ctrl-c", "sigterm-accumulating"],
 )
 def test_a_signalled_run_saves_its_step_and_resumes_exactly(signum, micro_batches, shared_runs):
@@ -277,7 +277,7 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-@pytest.mark.parametrize("keep_best", [1, 2])
+@pytest.mark.parametrize("keep_best", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_resume_keeps_exactly_keep_best_files_and_the_true_best(tmp_path, keep_best):
     """A periodic checkpoint is saved before its step's validation, so the best file that
     validation writes is newer than the state a resume starts from. The resumed run must still

@@ -1,0 +1,160 @@
+"""The family registry: a third family, defined here and registered, runs the generic paths
+(config check, pretraining with checkpoints, loading, from-scratch twin) with no change to any
+pipeline module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from torch import nn
+from torch.nn import functional as F
+
+from datamodules.objective import CausalLMObjective
+from models.config import BertConfig, GPTConfig
+from pipeline.config import ConfigError, check_config
+from pipeline.families import (
+    Family,
+    UnknownFamilyError,
+    families,
+    family_named,
+    family_of_config,
+    register,
+    unregister,
+)
+from pipeline.load import load_pretrained
+from pipeline.modules import PretrainModule
+from pipeline.pretrain import assemble
+from pipeline.task_module import load_backbone, reinitialize
+from tests.conftest import compose_pretrain
+from tokenizer import get_tokenizer
+
+
+@dataclass
+class ToyConfig:
+    """A bigram model: each token's embedding predicts the next token. Takes the GPT preset's
+    keys (a `model=gpt-tiny` config with another `_target_`), using two of them."""
+
+    vocab_size: int = 256
+    d_model: int = 16
+    max_seq_len: int = 128
+    n_layers: int = 1
+    n_heads: int = 1
+    n_kv_heads: int = 1
+    d_ff: int = 16
+    rope_theta: float = 1e4
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    dropout: float = 0.0
+    init_std: float = 0.02
+
+
+class ToyModel(nn.Module):
+    def __init__(self, config: ToyConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.out = nn.Linear(config.d_model, config.vocab_size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.embed(input_ids))
+
+
+class ToyPretraining(PretrainModule):
+    loss_terms = {"loss": "targets"}  # noqa: RUF012 (as the pipeline's modules declare it)
+
+    def build_model(self, config: ToyConfig) -> ToyModel:
+        return ToyModel(config)
+
+    def metric_names(self) -> list[str]:
+        return ["loss"]
+
+    @property
+    def flops_per_token(self) -> float:
+        return 6.0 * sum(p.numel() for p in self.model.parameters())
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, int]]:
+        logits = self.model(batch["input_ids"])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["targets"].flatten())
+        return {"loss": (loss, batch["targets"].numel())}
+
+
+TOY = Family(
+    name="toy",
+    config_class=ToyConfig,
+    model_class=ToyModel,
+    backbone_class=ToyModel,
+    tokenizer_kind="bpe",
+    tokenizer_model="BPE",
+    objective_class=CausalLMObjective,
+    module_class=ToyPretraining,
+    vocab_multiple=8,
+    try_command=("generate", "prompt=Once"),
+    hf_auto_class="AutoModel",
+)
+TOY_RUN = (
+    "model=gpt-tiny",
+    "model._target_=tests.pipeline.test_families.ToyConfig",
+    "tokenizer.vocab_size=400",
+    "debug=smoke",
+    "logger=csv",
+    "trainer.max_steps=3",
+    "checkpoint.every_n_steps=3",
+)
+
+
+@pytest.fixture
+def toy_family():
+    register(TOY)
+    yield TOY
+    unregister(TOY.name)
+
+
+def test_the_two_families_are_registered_once_each():
+    assert [f.name for f in families()] == ["bert", "gpt"]
+    assert family_of_config(BertConfig(vocab_size=100)).name == "bert"
+    assert family_of_config(GPTConfig(vocab_size=128)).model_vocab_size(1000) == 1024
+    with pytest.raises(UnknownFamilyError, match="'t5' is not one of bert, gpt"):
+        family_named("t5")
+
+
+def test_a_third_family_trains_checkpoints_and_loads_through_the_generic_paths(
+    toy_family, tmp_path
+):
+    cfg = compose_pretrain(*TOY_RUN, f"paths.cache_dir={tmp_path / 'cache'}")
+    plan = check_config(cfg)
+    assert plan.family == "toy"
+    tokenizer = get_tokenizer(plan.tokenizer, plan.corpus, cfg.paths.cache_dir)
+    run_dir = tmp_path / "run"
+    cfg.paths.output_dir = str(run_dir)  # where the loggers write
+    module, datamodule, trainer = assemble(cfg, plan, tokenizer, run_dir)
+    assert isinstance(module, ToyPretraining)
+    assert module.model.config.vocab_size == toy_family.model_vocab_size(tokenizer.get_vocab_size())
+    trainer.fit(module, datamodule=datamodule)
+
+    loaded = load_pretrained(run_dir)  # a run folder: its checkpoints/last.ckpt
+    assert (loaded.family, loaded.tokenizer_kind) == ("toy", "bpe")
+    assert isinstance(loaded.model, ToyModel) and loaded.trained_seq_len == 128
+    trained = module.model.state_dict()
+    assert all(torch.equal(loaded.model.state_dict()[k], v) for k, v in trained.items())
+    backbone = load_backbone(run_dir).model
+    fresh = reinitialize(backbone)  # the from-scratch twin: same architecture, new weights
+    assert type(fresh) is ToyModel and fresh.config == backbone.config
+    assert not torch.equal(fresh.embed.weight, backbone.embed.weight)
+
+
+def test_a_family_decides_which_tokenizer_and_objective_fit(toy_family):
+    cfg = compose_pretrain(*TOY_RUN, "tokenizer=wordpiece")
+    with pytest.raises(ConfigError, match="does not fit a toy model, which needs 'bpe'"):
+        check_config(cfg)
+    assert instantiate(compose_pretrain(*TOY_RUN).model).d_model == 64
+
+
+def test_a_model_of_no_registered_family_is_named():
+    with pytest.raises(ConfigError, match="no model family has the config type ToyConfig"):
+        check_config(compose_pretrain(*TOY_RUN))
