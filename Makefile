@@ -58,32 +58,32 @@ lock:  ## Re-resolve requirements.lock from pyproject.toml (torch pinned to the 
 	rm -rf .lock-venv
 
 pretrain: $(STAMP)  ## Pretrain a model: make pretrain model=bert|gpt [overrides]
-	$(RUN) pipeline.pretrain
+	$(RUN) pipeline.commands.pretrain
 
 generate: $(STAMP)  ## Sample from a trained GPT: make generate ckpt=PATH prompt="..."
-	$(RUN) pipeline.generate
+	$(RUN) pipeline.commands.generate
 
 fill-mask: $(STAMP)  ## A trained BERT's guesses: make fill-mask ckpt=PATH text="... [MASK] ..."
-	$(RUN) pipeline.fill_mask
+	$(RUN) pipeline.commands.fill_mask
 
 finetune: $(STAMP)  ## Fine-tune on a task: make finetune task=sst2 ckpt=PATH [seed=1,2,3 sweeps]
-	$(RUN) pipeline.finetune
+	$(RUN) pipeline.commands.finetune
 
 evaluate: $(STAMP)  ## Dev metrics of a fine-tuned model: make evaluate ckpt=outputs/finetune/<task>/<run>
-	$(RUN) pipeline.evaluate
+	$(RUN) pipeline.commands.evaluate
 
 predict: $(STAMP)  ## Label the test split (GLUE submission files) or predict.file=PATH: make predict ckpt=RUN
-	$(RUN) pipeline.predict
+	$(RUN) pipeline.commands.predict
 
 prepare: $(STAMP)  ## Build the run's token store ahead of training; print documents, tokens, MB/s
-	$(RUN) pipeline.prepare
+	$(RUN) pipeline.commands.prepare
 
 tokenizer: $(STAMP)  ## Train (or reuse) the run's tokenizer and print size, sample, throughput
-	$(RUN) pipeline.train_tokenizer
+	$(RUN) pipeline.commands.tokenizer
 
 report: $(STAMP)  ## Plots + HTML of runs from their logs: make report run=PATH[,PATH2] [out=DIR]
 	@test -n "$(run)" || { echo "usage: make report run=outputs/<model>/<run_name>[,PATH2,...] [out=DIR]" >&2; exit 2; }
-	$(PY) -m pipeline.report "$(run)" $(if $(out),--out "$(out)")
+	$(PY) -m pipeline.commands.report "$(run)" $(if $(out),--out "$(out)")
 
 test: $(STAMP)  ## Run the default test suite (no slow tests)
 	$(PY) -m pytest -m "not slow" -q

@@ -5,8 +5,8 @@ the `transformers` reference loop.
     make bench-memory
 
 The processes are those of the time-to-loss benchmark (`bench_time_to_loss.py`), run here with a
-short budget: `python -m pipeline.prepare` into a fresh cache (tokenizer training and token-store
-building, WikiText-2), then per model the reference loop and `python -m pipeline.pretrain`
+short budget: `python -m pipeline.commands.prepare` into a fresh cache (tokenizer training and token-store
+building, WikiText-2), then per model the reference loop and `python -m pipeline.commands.pretrain`
 (which also writes checkpoints and the HF export at the end). A process's peak is its own
 `ru_maxrss` from `wait4`, so nothing else on the machine counts. `make bench` takes these figures
 from its full-length time-to-loss runs instead of running them again.

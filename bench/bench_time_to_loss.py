@@ -11,14 +11,14 @@ each side trains with the same recipe (AdamW, warmup then decay, batch, data ord
 the same wall-clock budget; the schedule is set in steps, so each side's length is what that side
 completes in the budget, and a faster side trains more steps:
 
-1. Data preparation (`python -m pipeline.prepare`) into a fresh cache: trains the tokenizer and
+1. Data preparation (`python -m pipeline.commands.prepare`) into a fresh cache: trains the tokenizer and
    builds the token store, measured for wall time and peak RSS. The runs below reuse them.
 2. The reference (`bench/reference_train.py`, a subprocess): times a few steps, sizes its
    schedule to the budget, trains, validates at most `--val-points` times on the first
    `--val-batches` validation batches.
-3. Ours, timed: a `TIMING_STEPS`-step `python -m pipeline.pretrain` run gives the seconds per
+3. Ours, timed: a `TIMING_STEPS`-step `python -m pipeline.commands.pretrain` run gives the seconds per
    step and per validation batch, which size our schedule the same way (`common.plan_steps`).
-4. Ours (`python -m pipeline.pretrain`) with that schedule, the same validation batches,
+4. Ours (`python -m pipeline.commands.pretrain`) with that schedule, the same validation batches,
    `trainer.max_time` = the budget, and `bench.clock.WallClockLogger` recording when each
    validation loss was logged.
 
@@ -149,7 +149,7 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
         clock = work / f"{name}.clock.jsonl"
         run = measured(
             name,
-            "pipeline.pretrain",
+            "pipeline.commands.pretrain",
             *common,
             f"run_name={family}-{name}",
             "+trainer.enable_progress_bar=false",
@@ -162,7 +162,9 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
         return run, read_clock(clock)
 
     print(f"{family}: preparing data", flush=True)
-    prepare = measured("prepare", "pipeline.prepare", *common, f"run_name={family}-prepare")
+    prepare = measured(
+        "prepare", "pipeline.commands.prepare", *common, f"run_name={family}-prepare"
+    )
     print(f"{family}: reference (transformers), {args.budget_s} s", flush=True)
     reference_json = work / "reference.json"
     reference_run = measured(

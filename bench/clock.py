@@ -4,7 +4,7 @@ training began, so that the time-to-loss benchmark can read when each validation
 
 Added to a run from the command line, without touching the pipeline:
 
-    python -m pipeline.pretrain ... +logger.clock._target_=bench.clock.WallClockLogger \
+    python -m pipeline.commands.pretrain ... +logger.clock._target_=bench.clock.WallClockLogger \
         +logger.clock.path=outputs/bench/clock.jsonl
 
 Each row of the JSON-lines file is {"elapsed_s", "step", "metrics"}. The clock starts when

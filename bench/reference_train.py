@@ -63,7 +63,7 @@ def compose_run(overrides: list[str]) -> Run:
 
     from pipeline.cli import register_resolvers
     from pipeline.config import ConfigError, check_config
-    from pipeline.pretrain import build_datamodule, sized_model_config
+    from pipeline.pretraining import build_datamodule, sized_model_config
     from tokenizer import get_tokenizer
 
     register_resolvers()
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> dict:
             args.val_every,
         )
     val_every = args.val_every or args.max_steps
-    L.seed_everything(run.cfg.seed, workers=True)  # as pipeline.pretrain, before the model
+    L.seed_everything(run.cfg.seed, workers=True)  # as pipeline.pretraining, before the model
     model = build_model(run.family, run.model_config, device)
     result = train(run, model, args.max_steps, val_every, args.budget_s, device, autocast)
     report = {

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from torch import nn
 
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
-from models.bert import BertForPreTraining, BertModel
+from models.bert import BertForPreTraining, BertLayer, BertModel
 from models.config import BertConfig, GPTConfig, round_up
-from models.gpt import GPT, GPTModel
+from models.gpt import GPT, GPTBlock, GPTModel
 from pipeline.modules import BertPretraining, GPTPretraining, PretrainModule
 
 
@@ -42,6 +42,8 @@ class Family:
         model_class: the pretrained model a checkpoint holds (`BertForPreTraining`).
         backbone_class: the model without its pretraining heads, which a task head sits on
             (`BertModel`); the same as `model_class` when it has none.
+        block_class: its repeated transformer block (`BertLayer`), the unit FSDP shards and
+            activation checkpointing recomputes.
         tokenizer_kind: the tokenizer it trains with ("wordpiece" or "bpe").
         tokenizer_model: the `tokenizers` model type of that tokenizer ("WordPiece"), how an
             HF folder's tokenizer is recognized.
@@ -57,6 +59,7 @@ class Family:
     config_class: type
     model_class: type[nn.Module]
     backbone_class: type[nn.Module]
+    block_class: type[nn.Module]
     tokenizer_kind: str
     tokenizer_model: str
     objective_class: type
@@ -127,6 +130,7 @@ register(
         config_class=BertConfig,
         model_class=BertForPreTraining,
         backbone_class=BertModel,
+        block_class=BertLayer,
         tokenizer_kind="wordpiece",
         tokenizer_model="WordPiece",
         objective_class=MaskedLMObjective,
@@ -142,6 +146,7 @@ register(
         config_class=GPTConfig,
         model_class=GPT,
         backbone_class=GPTModel,
+        block_class=GPTBlock,
         tokenizer_kind="bpe",
         tokenizer_model="BPE",
         objective_class=CausalLMObjective,

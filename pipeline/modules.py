@@ -162,7 +162,7 @@ class PretrainModule(L.LightningModule):
             raise ValueError(
                 f"the datamodule groups {micro} micro-batches per step but the trainer "
                 f"accumulates {self.trainer.accumulate_grad_batches}; pass the same number "
-                "(pipeline.pretrain.assemble does)"
+                "(pipeline.pretraining.assemble does)"
             )
         # After a resume the optimizer and schedule hold the checkpoint's hyperparameters; this
         # run's config wins (on every rank; said once).

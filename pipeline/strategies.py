@@ -1,23 +1,21 @@
 """Distributed training strategies built from config (`conf/trainer/fsdp.yaml`).
 
-`fsdp_strategy` builds Lightning's `FSDPStrategy` for our two model families: each transformer
-block (`BertLayer`, `GPTBlock`) is its own FSDP unit, so only the block being computed (and the
-next, prefetched) is ever whole in memory; embeddings, final norms and heads stay in the root unit.
+`fsdp_strategy` builds Lightning's `FSDPStrategy` for the registered model families: each
+transformer block (`Family.block_class`: `BertLayer`, `GPTBlock`) is its own FSDP unit, so only
+the block being computed (and the next, prefetched) is ever whole in memory; embeddings, final
+norms and heads stay in the root unit.
+
+`best_precision` is the precision a Trainer gets when `trainer.precision` is null.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from lightning.pytorch.strategies import FSDPStrategy
-from torch import nn
 
-from models.bert import BertLayer
-from models.gpt import GPTBlock
-
-# The repeated blocks of every model family: the unit of sharding and of activation
-# checkpointing. Task heads reuse these backbones, so fine-tuning is covered too.
-TRANSFORMER_BLOCKS: frozenset[type[nn.Module]] = frozenset({BertLayer, GPTBlock})
+from pipeline.families import families
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 # "sharded" (one file per rank, for models too big to gather on one host) is not offered yet:
@@ -90,7 +88,9 @@ def fsdp_strategy(
     sharding = _choice("sharding_strategy", sharding_strategy, SHARDING_STRATEGIES, str.upper)
     state_dict = _choice("state_dict_type", state_dict_type, STATE_DICT_TYPES, str.lower)
     # Lightning turns a `set` (not a frozenset) of classes into a ModuleWrapPolicy.
-    blocks = set(TRANSFORMER_BLOCKS)
+    # each family's repeated block: the unit of sharding and of activation checkpointing (task
+    # heads reuse the backbones, so fine-tuning is covered too)
+    blocks = {family.block_class for family in families()}
     return FSDPStrategy(
         sharding_strategy=sharding,
         auto_wrap_policy=blocks,
@@ -100,3 +100,10 @@ def fsdp_strategy(
         use_orig_params=True,
         limit_all_gathers=limit_all_gathers,
     )
+
+
+def best_precision() -> str:
+    """bf16 mixed precision on GPUs that support it, else full fp32."""
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16-mixed"
+    return "32-true"

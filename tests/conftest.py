@@ -31,12 +31,12 @@ def compose_pretrain(*overrides: str, hydra_node: bool = False) -> DictConfig:
 
 
 def pretrain_command(tmp_path: Path, *overrides: str) -> list[str]:
-    """`python -m pipeline.pretrain` with caches and outputs under tmp_path, no progress bar
+    """`python -m pipeline.commands.pretrain` with caches and outputs under tmp_path, no progress bar
     (outputs land in `tmp_path/out/<model>/<run_name>`)."""
     return [
         sys.executable,
         "-m",
-        "pipeline.pretrain",
+        "pipeline.commands.pretrain",
         f"paths.cache_dir={tmp_path}/cache",
         f"paths.output_root={tmp_path}/out",
         "+trainer.enable_progress_bar=false",

@@ -1,8 +1,8 @@
 """`make report run=PATH[,PATH2,...]`: plots and tables of runs, from their run folders alone.
 
-    python -m pipeline.report outputs/gpt/wiki                      # one run
-    python -m pipeline.report outputs/gpt/wiki,outputs/gpt/wiki2    # overlaid, one colour per run
-    python -m pipeline.report outputs/bert/wiki --out /tmp/report
+    python -m pipeline.commands.report outputs/gpt/wiki                      # one run
+    python -m pipeline.commands.report outputs/gpt/wiki,outputs/gpt/wiki2    # overlaid, one colour per run
+    python -m pipeline.commands.report outputs/bert/wiki --out /tmp/report
 
 Writes `report.html` and one PNG per plot into the output folder (default: `<first run>/report`).
 The HTML embeds the PNGs as data URIs, so that the one file can be moved or mailed; the PNG files
@@ -18,10 +18,8 @@ metric per task and seed, a plot of it per task, and the dev metric over steps p
 - `plots`: the matplotlib figures.
 - `tables`: the HTML tables.
 - `page`: `write_report`, which assembles the page and writes it with its PNGs.
-- `cli`: the command line (`main`), which `__main__` runs.
 """
 
-from pipeline.report.cli import main
 from pipeline.report.page import Report, write_report
 from pipeline.report.plots import DPI, FIGSIZE, PRETRAIN_PLOTS, Curves, smooth
 from pipeline.report.runs import FinetuneRun, PretrainRun, ReportError, find_runs, read_metrics
@@ -36,7 +34,6 @@ __all__ = [
     "Report",
     "ReportError",
     "find_runs",
-    "main",
     "read_metrics",
     "smooth",
     "write_report",

@@ -161,7 +161,7 @@ def test_tokenizer_command_with_make_overrides(tmp_path):
             f"paths.output_root={tmp_path}/out model=gpt"
         ),
     }
-    result = run_python("pipeline.train_tokenizer", env=env)
+    result = run_python("pipeline.commands.tokenizer", env=env)
     assert result.returncode == 0, result.stderr
     assert "tokenizer   bpe, vocabulary" in result.stdout
     assert "round trip  exact" in result.stdout
@@ -169,11 +169,11 @@ def test_tokenizer_command_with_make_overrides(tmp_path):
     file = result.stdout.split("file        ")[1].splitlines()[0]
     assert Tokenizer.from_file(file).get_vocab_size() == 3000
     assert not (tmp_path / "out").exists()  # the cache only: no run folder
-    again = run_python("pipeline.train_tokenizer", env=env)
+    again = run_python("pipeline.commands.tokenizer", env=env)
     assert "reused from cache" in again.stdout
 
 
-@pytest.mark.parametrize("module", ["pipeline.prepare", "pipeline.train_tokenizer"])
+@pytest.mark.parametrize("module", ["pipeline.commands.prepare", "pipeline.commands.tokenizer"])
 def test_cache_commands_leave_no_run_folder(tmp_path, module):
     result = run_python(
         module,
@@ -188,7 +188,7 @@ def test_cache_commands_leave_no_run_folder(tmp_path, module):
 
 def test_bad_value_fails_fast_with_one_line(tmp_path):
     result = run_python(
-        "pipeline.pretrain",
+        "pipeline.commands.pretrain",
         "optim.lr=-0.001",
         f"paths.cache_dir={tmp_path}/c",
         f"paths.output_root={tmp_path}/out",
@@ -200,7 +200,9 @@ def test_bad_value_fails_fast_with_one_line(tmp_path):
 
 
 def test_unknown_model_fails_with_the_choices(tmp_path):
-    result = run_python("pipeline.pretrain", "model=berty", f"paths.output_root={tmp_path}")
+    result = run_python(
+        "pipeline.commands.pretrain", "model=berty", f"paths.output_root={tmp_path}"
+    )
     assert result.returncode != 0
     assert "Could not find 'model/berty'" in result.stderr and "gpt-124m" in result.stderr
     assert "Traceback" not in result.stderr

@@ -26,7 +26,7 @@ from pipeline.families import (
 )
 from pipeline.load import load_pretrained
 from pipeline.modules import PretrainModule
-from pipeline.pretrain import assemble
+from pipeline.pretraining import assemble
 from pipeline.task_module import load_backbone, reinitialize
 from tests.conftest import compose_pretrain
 from tokenizer import get_tokenizer
@@ -89,6 +89,7 @@ TOY = Family(
     config_class=ToyConfig,
     model_class=ToyModel,
     backbone_class=ToyModel,
+    block_class=nn.Linear,
     tokenizer_kind="bpe",
     tokenizer_model="BPE",
     objective_class=CausalLMObjective,

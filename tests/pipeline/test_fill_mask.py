@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError
-from pipeline.fill_mask import best_filling, fill_mask, format_guesses, mask_probabilities
 from pipeline.load import CheckpointLoadError, load_pretrained
+from pipeline.mask_filling import best_filling, fill_mask, format_guesses, mask_probabilities
 from tests.pipeline.test_generate import run_cli
 from tests.pipeline.tiny_models import write_run
 
@@ -86,7 +86,7 @@ def test_fill_mask_command_from_make(tmp_path, bert):
     """As `make fill-mask ckpt=... text="..."`: the text reaches the model verbatim."""
     words = [f"ckpt={tmp_path / 'bert'}", f"text={TEXT}", "top_k=3", "device=cpu"]
     env = {"LMPIPE_FROM_MAKE": "1", "MAKEFLAGS": make_flags(*words)}
-    result = run_cli("pipeline.fill_mask", tmp_path=tmp_path, env=env)
+    result = run_cli("pipeline.commands.fill_mask", tmp_path=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     guesses = fill_mask(bert, TEXT, top_k=3, device=CPU)
     expected = f"{format_guesses(guesses)}\nbest: {best_filling(bert, TEXT, guesses)}\n"

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from datamodules.tasks import load_labels
 from pipeline.config import ConfigError
-from pipeline.finetune import default_lr, evaluate, finetune, predict, split_metrics
+from pipeline.finetuning import default_lr, evaluate, finetune, predict, split_metrics
 from pipeline.load import CheckpointLoadError
 from pipeline.task_module import load_backbone, load_finetuned
 from tests.conftest import CONF, SHARED_DATA
@@ -343,11 +343,11 @@ def test_sequences_longer_than_the_model_are_refused(bert_ckpt, tmp_path):
 
 def test_missing_ckpt_and_bad_task_settings_are_one_line_errors(tmp_path):
     out = f"paths.output_root={tmp_path / 'out'}"  # Hydra makes the run folder first
-    result = run_cli("pipeline.finetune", "task=rte", out, tmp_path=tmp_path)
+    result = run_cli("pipeline.commands.finetune", "task=rte", out, tmp_path=tmp_path)
     assert result.returncode == 2
     assert "error: ckpt is not set" in result.stderr
     result = run_cli(
-        "pipeline.finetune",
+        "pipeline.commands.finetune",
         "task=imdb_long",
         "ckpt=x",
         "task.long_text.aggregate=median",
@@ -378,7 +378,7 @@ def test_split_metrics_folds_lightning_dataloader_suffixes():
 
 def test_comma_separated_seeds_run_a_sweep_with_a_summary(bert_ckpt, tmp_path):
     result = run_cli(
-        "pipeline.finetune",
+        "pipeline.commands.finetune",
         "task=rte",
         f"task.data_dir={GLUE / 'RTE'}",
         f"ckpt={bert_ckpt}",
@@ -427,7 +427,7 @@ def test_predict_on_a_glue_dev_file_without_an_index_numbers_the_rows(sst2_run, 
     texts.write_text("\n".join(rows) + "\n")
     out = tmp_path / "predicted"
     result = run_cli(
-        "pipeline.predict",
+        "pipeline.commands.predict",
         f"ckpt={sst2_run}",
         f"predict.file={texts}",
         f"predict.out_dir={out}",
@@ -445,7 +445,7 @@ def test_predict_errors_print_hints_that_work_when_pasted(sst2_run, tmp_path):
     `task.data_dir`; pasted onto `make predict` (no task=), each amends the saved task."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    missing = run_cli("pipeline.predict", f"ckpt={sst2_run}", tmp_path=tmp_path)
+    missing = run_cli("pipeline.commands.predict", f"ckpt={sst2_run}", tmp_path=tmp_path)
     assert missing.returncode == 2, missing.stderr[-3000:]
     [error] = [line for line in missing.stderr.splitlines() if line.startswith("error:")]
     assert "task.data_dir=DIR" in error and "task.predict.files.test=FILE" in error
@@ -459,7 +459,7 @@ def test_predict_errors_print_hints_that_work_when_pasted(sst2_run, tmp_path):
     for hint in (f"task.data_dir={test}", f"task.predict.files.test={test / 'test.tsv'}"):
         out = tmp_path / hint.split("=")[0]
         pasted = run_cli(
-            "pipeline.predict",
+            "pipeline.commands.predict",
             f"ckpt={sst2_run}",
             hint,
             f"predict.out_dir={out}",
@@ -484,14 +484,14 @@ def test_predict_on_a_task_without_test_files_asks_for_predict_file(bert_ckpt, t
         "task.text_columns=[sentence]",
         "task.label_column=label",
     )
-    result = run_cli("pipeline.predict", f"ckpt={run_dir}", tmp_path=tmp_path)
+    result = run_cli("pipeline.commands.predict", f"ckpt={run_dir}", tmp_path=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "give one with predict.file=PATH" in result.stderr and "sentence" in result.stderr
 
 
 def test_evaluate_says_which_examples_it_scored(sst2_run, tmp_path):
     dev = len((GLUE / "SST-2" / "dev.tsv").read_text().splitlines()) - 1
-    result = run_cli("pipeline.evaluate", f"ckpt={sst2_run}", tmp_path=tmp_path)
+    result = run_cli("pipeline.commands.evaluate", f"ckpt={sst2_run}", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     [line] = [x for x in result.stdout.splitlines() if x.startswith("sst2 dev (")]
     assert line.startswith(f"sst2 dev ({dev:,} examples): ") and "accuracy" in line
@@ -499,7 +499,10 @@ def test_evaluate_says_which_examples_it_scored(sst2_run, tmp_path):
     record = json.loads((sst2_run / "eval_sst2.json").read_text())
     assert record["examples"] == {"dev": dev} and record["max_examples"] is None
     cut = run_cli(
-        "pipeline.evaluate", f"ckpt={sst2_run}", "datamodule.max_examples=10", tmp_path=tmp_path
+        "pipeline.commands.evaluate",
+        f"ckpt={sst2_run}",
+        "datamodule.max_examples=10",
+        tmp_path=tmp_path,
     )
     assert "sst2 dev (10 examples)" in cut.stdout
     assert "scored the first 10 examples of each split" in cut.stdout
@@ -561,7 +564,7 @@ def test_a_refused_fine_tuning_rerun_leaves_the_folder_as_it_was(tmp_path):
     run_dir.mkdir(parents=True)
     (run_dir / "results.json").write_text("{}\n")
     result = run_cli(
-        "pipeline.finetune",
+        "pipeline.commands.finetune",
         "task=rte",
         "ckpt=anything",
         "run_name=done",

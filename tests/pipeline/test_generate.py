@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from pipeline.cli import literal_text_overrides
 from pipeline.config import ConfigError
-from pipeline.generate import Sampling, continue_ids, generate, prompt_ids
+from pipeline.generation import Sampling, continue_ids, generate, prompt_ids
 from pipeline.load import load_pretrained, require_keys
 from tests.conftest import CONF, REPO
 from tests.pipeline.tiny_models import write_run
@@ -163,7 +163,7 @@ def test_generate_command_prints_the_samples_and_leaves_nothing(tmp_path, gpt):
     run_dir = tmp_path / "gpt"
     settings = dict(max_new_tokens=12, temperature=0.9, top_k=20, num_samples=2, seed=5)
     result = run_cli(
-        "pipeline.generate",
+        "pipeline.commands.generate",
         f"ckpt={run_dir}",
         f"prompt={PROMPT}",
         *(f"{k}={v}" for k, v in settings.items()),
@@ -183,8 +183,8 @@ def test_generate_and_fill_mask_refuse_the_other_family(tmp_path):
     _, _, bert = write_run(tmp_path / "bert", "bert")
     _, _, gpt = write_run(tmp_path / "gpt", "gpt")
     for module, args, hint in [
-        ("pipeline.generate", [f"ckpt={bert}", "prompt=Once"], "make fill-mask"),
-        ("pipeline.fill_mask", [f"ckpt={gpt}", "text=Paris is [MASK]."], "make generate"),
+        ("pipeline.commands.generate", [f"ckpt={bert}", "prompt=Once"], "make fill-mask"),
+        ("pipeline.commands.fill_mask", [f"ckpt={gpt}", "text=Paris is [MASK]."], "make generate"),
     ]:
         result = run_cli(module, *args, tmp_path=tmp_path)
         assert result.returncode == 2, (module, result.stderr[-3000:])

@@ -1,4 +1,4 @@
-"""The LightningModules, trained in-process through the real assembly (`pipeline.pretrain.assemble`):
+"""The LightningModules, trained in-process through the real assembly (`pipeline.pretraining.assemble`):
 gradient accumulation normalized over all of a step's predictions, overfitting a few batches,
 and golden losses of seeded tiny runs."""
 
@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from pipeline.config import check_config
 from pipeline.modules import NonFiniteLossError
-from pipeline.pretrain import assemble
+from pipeline.pretraining import assemble
 from tests.conftest import ListCorpus, compose_pretrain
 from tokenizer import batched, load_tokenizer, train_tokenizer
 

@@ -1,4 +1,4 @@
-"""End-to-end smoke runs of `pipeline.pretrain` on the embedded corpus (a few steps each)."""
+"""End-to-end smoke runs of `pipeline.commands.pretrain` on the embedded corpus (a few steps each)."""
 
 from __future__ import annotations
 
@@ -45,12 +45,12 @@ def test_pretrain_smoke_run_leaves_checkpoint_logs_and_hf_export(tmp_path, model
 
     # The command the summary suggests works on the run folder (checkpoint with its tokenizer).
     command = (
-        ["pipeline.generate", "prompt=The", "max_new_tokens=5"]
+        ["pipeline.commands.generate", "prompt=The", "max_new_tokens=5"]
         if model.startswith("gpt")
-        else ["pipeline.fill_mask", "text=The [MASK] statement."]
+        else ["pipeline.commands.fill_mask", "text=The [MASK] statement."]
     )
     assert (
-        f"next: make {command[0].split('.')[1].replace('_', '-')} ckpt={run_dir}" in result.stdout
+        f"next: make {command[0].split('.')[-1].replace('_', '-')} ckpt={run_dir}" in result.stdout
     )
     poke = subprocess.run(
         [sys.executable, "-m", command[0], f"ckpt={run_dir}", *command[1:]],

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from pipeline.report import main, read_metrics, smooth, write_report
+from pipeline.commands.report import main
+from pipeline.report import read_metrics, smooth, write_report
 from tests.conftest import CLI_ENV, REPO, run_pretrain
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -114,7 +115,7 @@ def test_report_of_a_real_tiny_run(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     run_dir = tmp_path / "out" / "bert-tiny" / "r"
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.report", str(run_dir)],
+        [sys.executable, "-m", "pipeline.commands.report", str(run_dir)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,8 +1,8 @@
 """`make finetune`, `make evaluate`, `make predict`: GLUE-style tasks on a pretrained model.
 
-    python -m pipeline.finetune task=sst2 ckpt=outputs/bert/<run>        # train + evaluate
-    python -m pipeline.evaluate ckpt=outputs/finetune/sst2/<run>         # dev metrics again
-    python -m pipeline.predict ckpt=outputs/finetune/sst2/<run>          # GLUE submission file
+    python -m pipeline.commands.finetune task=sst2 ckpt=outputs/bert/<run>        # train + evaluate
+    python -m pipeline.commands.evaluate ckpt=outputs/finetune/sst2/<run>         # dev metrics again
+    python -m pipeline.commands.predict ckpt=outputs/finetune/sst2/<run>          # GLUE submission file
 
 Fine-tuning loads the backbone and its tokenizer (`pipeline.task_module.load_backbone`: our
 checkpoint or run folder, an HF folder, or a fine-tuned model), puts a task head on it, trains
@@ -21,12 +21,10 @@ import csv
 import dataclasses
 import json
 import logging
-import math
 import shlex
 from pathlib import Path
 from typing import Any
 
-import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -39,7 +37,6 @@ from datamodules.finetune import FinetuneDataModule
 from datamodules.tasks import LabelMap, TaskSpec, save_labels
 from models.config import BertConfig, GPTConfig
 from pipeline.checkpoints import AtomicCheckpointIO, CheckpointExtras
-from pipeline.cli import entry_point, user_errors
 from pipeline.config import ConfigError
 from pipeline.load import read_checkpoint
 from pipeline.loggers import (
@@ -51,8 +48,8 @@ from pipeline.loggers import (
     saved_wandb_run,
     tokenizer_fingerprint,
 )
-from pipeline.pretrain import best_precision
 from pipeline.run_folder import RESULTS, refuse_overwrite
+from pipeline.strategies import best_precision
 from pipeline.task_module import (
     Finetuned,
     HeadSpec,
@@ -511,18 +508,3 @@ def write_predictions(
         writer.writerow(header)
         for example, value, more in zip(examples, values, extra, strict=True):
             writer.writerow([example.id, value, *more])
-
-
-# --- entry points --------------------------------------------------------------------------------
-
-
-@hydra.main(config_path="../conf", config_name="finetune", version_base="1.3")
-def main(cfg: DictConfig) -> float:
-    with user_errors():
-        results = finetune(cfg)
-        value = results["best"]["metrics"][results["main_split"]].get(results["main_metric"])
-        return value if value is not None and math.isfinite(value) else float("nan")
-
-
-if __name__ == "__main__":
-    entry_point(main)

@@ -1,7 +1,7 @@
 """`make prepare`: build the run's token store ahead of training (training builds it on demand
 otherwise) and print documents, tokens, throughput and the cache path.
 
-    python -m pipeline.prepare model=gpt data=text_files data.paths='corpus/*.txt'
+    python -m pipeline.commands.prepare model=gpt data=text_files data.paths='corpus/*.txt'
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pipeline.config import check_config
 from tokenizer import get_tokenizer
 
 
-@hydra.main(config_path="../conf", config_name="prepare", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with user_errors():
         plan = check_config(cfg)

@@ -1,6 +1,6 @@
 """`make generate`: continue a prompt with a trained GPT.
 
-    python -m pipeline.generate ckpt=outputs/gpt/<stamp> prompt="The meaning of life" num_samples=3
+    python -m pipeline.commands.generate ckpt=outputs/gpt/<stamp> prompt="The meaning of life" num_samples=3
 
 Loads the model and tokenizer (`pipeline.load`), encodes the prompt with the run's byte-level BPE
 (no special tokens added; an empty prompt starts from the end-of-text token, like a new
@@ -12,22 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 from dataclasses import dataclass
 
-import hydra
 import torch
 from omegaconf import DictConfig
 
-from pipeline.cli import entry_point, user_errors
 from pipeline.config import ConfigError
 from pipeline.load import (
     Pretrained,
-    expect_family,
     inference_autocast,
-    load_pretrained,
-    require_keys,
-    resolve_device,
 )
 from tokenizer.special import EOT
 
@@ -132,21 +125,3 @@ def print_samples(texts: list[str]) -> None:
         if len(texts) > 1:
             print(f"--- sample {i} of {len(texts)} ---")
         print(text)
-
-
-@hydra.main(config_path="../conf", config_name="generate", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    with user_errors():
-        require_keys(cfg, 'make generate ckpt=outputs/gpt/<stamp> prompt="..."', "ckpt")
-        sampling = Sampling.from_config(cfg)
-        device = resolve_device(cfg.device)
-        pretrained = load_pretrained(cfg.ckpt)
-        expect_family(pretrained, "gpt")
-        pretrained.model.to(device)
-        print(f"{pretrained.family} model from {pretrained.source} on {device}", file=sys.stderr)
-        prompt = "" if cfg.prompt is None else str(cfg.prompt)
-        print_samples(generate(pretrained, prompt, sampling, device))
-
-
-if __name__ == "__main__":
-    entry_point(main, literal_keys=("prompt",))

@@ -1,11 +1,8 @@
-"""The command line of `make report`: parse the arguments, write the report, print what it wrote.
+"""`make report`: parse the arguments, write the report (pipeline/report/), print what it wrote.
 
-    python -m pipeline.report outputs/gpt/wiki                      # one run
-    python -m pipeline.report outputs/gpt/wiki,outputs/gpt/wiki2    # overlaid, one colour per run
-    python -m pipeline.report outputs/bert/wiki --out /tmp/report
-
-`main` lives here rather than in `__main__.py` so that it can be imported: `python -m
-pipeline.report` imports the package first, and a `__main__` it had imported would load twice.
+python -m pipeline.commands.report outputs/gpt/wiki                   # one run
+python -m pipeline.commands.report outputs/gpt/wiki,outputs/gpt/wiki2 # overlaid
+python -m pipeline.commands.report outputs/bert/wiki --out /tmp/report
 """
 
 from __future__ import annotations
@@ -43,3 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     names = ", ".join(p.name for p in report.plots)
     print(f"wrote {report.html} with {len(report.plots)} plots ({names})")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,7 +2,7 @@
 where it is, its size, a sample encoding and its encoding throughput. Nothing is written but the
 cache (no run folder: conf/prepare.yaml).
 
-    python -m pipeline.train_tokenizer model=gpt tokenizer.vocab_size=16000
+    python -m pipeline.commands.tokenizer model=gpt tokenizer.vocab_size=16000
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def measure_throughput(tokenizer: Tokenizer, corpus) -> tuple[int, int, int, flo
     return documents, n_bytes, n_tokens, time.perf_counter() - start
 
 
-@hydra.main(config_path="../conf", config_name="prepare", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with user_errors():
         plan = check_config(cfg)

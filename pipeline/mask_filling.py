@@ -1,6 +1,6 @@
 """`make fill-mask`: a trained BERT's most likely tokens for each [MASK] in a text.
 
-    python -m pipeline.fill_mask ckpt=outputs/bert/<stamp> text="The capital of France is [MASK]."
+    python -m pipeline.commands.fill_mask ckpt=outputs/bert/<stamp> text="The capital of France is [MASK]."
 
 Encodes the text with the run's WordPiece tokenizer (which adds [CLS] and [SEP]), runs the MLM
 head at the masked positions only, and prints for every [MASK] the `top_k` tokens with their
@@ -10,24 +10,16 @@ most likely token.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
-import hydra
 import torch
-from omegaconf import DictConfig
 
 from models.bert import BertForPreTraining
-from pipeline.cli import entry_point, user_errors
 from pipeline.config import ConfigError
 from pipeline.load import (
     CheckpointLoadError,
     Pretrained,
-    expect_family,
     inference_autocast,
-    load_pretrained,
-    require_keys,
-    resolve_device,
 )
 from tokenizer.special import MASK
 
@@ -132,23 +124,3 @@ def format_guesses(guesses: list[MaskGuesses]) -> str:
         for rank, (token, prob) in enumerate(zip(guess.tokens, guess.probs, strict=True), 1):
             lines.append(f"  {rank:>4}  {token:<{width}}  {prob:11.4f}")
     return "\n".join(lines)
-
-
-@hydra.main(config_path="../conf", config_name="fill_mask", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    with user_errors():
-        usage = 'make fill-mask ckpt=outputs/bert/<stamp> text="The capital of France is [MASK]."'
-        require_keys(cfg, usage, "ckpt", "text")
-        device = resolve_device(cfg.device)
-        pretrained = load_pretrained(cfg.ckpt)
-        expect_family(pretrained, "bert")
-        pretrained.model.to(device)
-        print(f"{pretrained.family} model from {pretrained.source} on {device}", file=sys.stderr)
-        text = str(cfg.text)
-        guesses = fill_mask(pretrained, text, cfg.top_k, device)
-        print(format_guesses(guesses))
-        print(f"best: {best_filling(pretrained, text, guesses)}")
-
-
-if __name__ == "__main__":
-    entry_point(main, literal_keys=("text",))

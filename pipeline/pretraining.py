@@ -1,10 +1,9 @@
-"""`make pretrain`: pretrain a BERT or GPT on a corpus.
+"""Pretraining a BERT or GPT on a corpus (the library behind `make pretrain`,
+pipeline/commands/pretrain.py).
 
-    python -m pipeline.pretrain model=gpt trainer.max_steps=50
-
-Checks the config, gets the tokenizer (cached), builds the token store (cached), trains with
+`train(cfg, plan)` gets the tokenizer (cached), builds the token store (cached), trains with
 Lightning, checkpoints atomically, exports the final model in Hugging Face format and prints
-where everything is.
+where everything is; `assemble` builds the LightningModule, datamodule and Trainer of a run.
 """
 
 from __future__ import annotations
@@ -16,9 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
-import hydra
 import lightning as L
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -34,8 +31,7 @@ from pipeline.checkpoints import (
     checkpoint_callbacks,
     resume_checkpoint,
 )
-from pipeline.cli import entry_point, user_errors
-from pipeline.config import RunPlan, check_config
+from pipeline.config import RunPlan
 from pipeline.families import family_named
 from pipeline.interrupt import GracefulStop, TrainingInterrupted
 from pipeline.load import load_pretrained, read_checkpoint
@@ -48,16 +44,10 @@ from pipeline.loggers import (
     tokenizer_fingerprint,
 )
 from pipeline.modules import PretrainModule
+from pipeline.strategies import best_precision
 from tokenizer import get_tokenizer
 
 log = logging.getLogger(__name__)
-
-
-def best_precision() -> str:
-    """bf16 mixed precision on GPUs that support it, else full fp32."""
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-        return "bf16-mixed"
-    return "32-true"
 
 
 def build_trainer(
@@ -225,15 +215,3 @@ def print_summary(
     print(f"      or load {export_dir} with transformers.{family_named(family).hf_auto_class}")
     if places["metrics"].exists():
         print(f"report: {shlex.join(['make', 'report', f'run={run_dir}'])}")
-
-
-@hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    with user_errors():
-        plan = check_config(cfg)
-        log.info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
-        train(cfg, plan)
-
-
-if __name__ == "__main__":
-    entry_point(main)

@@ -1,6 +1,6 @@
-"""`make evaluate`: the dev metrics of a fine-tuned model (see `pipeline.finetune.evaluate`).
+"""`make evaluate`: the dev metrics of a fine-tuned model (see `pipeline.finetuning.evaluate`).
 
-python -m pipeline.evaluate ckpt=outputs/finetune/sst2/<run>
+python -m pipeline.commands.evaluate ckpt=outputs/finetune/sst2/<run>
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import hydra
 from omegaconf import DictConfig
 
 from pipeline.cli import entry_point, user_errors
-from pipeline.finetune import evaluate
+from pipeline.finetuning import evaluate
 
 
-@hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with user_errors():
         evaluate(cfg)

@@ -1,8 +1,8 @@
 """`make predict`: label unlabelled texts with a fine-tuned model (see
-`pipeline.finetune.predict`).
+`pipeline.finetuning.predict`).
 
-    python -m pipeline.predict ckpt=outputs/finetune/sst2/<run>
-    python -m pipeline.predict ckpt=outputs/finetune/imdb_long/<run> predict.file=reviews.jsonl
+    python -m pipeline.commands.predict ckpt=outputs/finetune/sst2/<run>
+    python -m pipeline.commands.predict ckpt=outputs/finetune/imdb_long/<run> predict.file=reviews.jsonl
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import hydra
 from omegaconf import DictConfig
 
 from pipeline.cli import entry_point, user_errors
-from pipeline.finetune import predict
+from pipeline.finetuning import predict
 
 
-@hydra.main(config_path="../conf", config_name="predict", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="predict", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with user_errors():
         predict(cfg)

@@ -1,0 +1,36 @@
+"""`make fill-mask`: a trained BERT's most likely tokens for each [MASK] in a text
+(pipeline/mask_filling.py).
+
+    python -m pipeline.commands.fill_mask ckpt=outputs/bert/<stamp> text="Paris is [MASK]."
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from pipeline.cli import entry_point, user_errors
+from pipeline.load import expect_family, load_pretrained, require_keys, resolve_device
+from pipeline.mask_filling import best_filling, fill_mask, format_guesses
+
+
+@hydra.main(config_path="../../conf", config_name="fill_mask", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    with user_errors():
+        usage = 'make fill-mask ckpt=outputs/bert/<stamp> text="The capital of France is [MASK]."'
+        require_keys(cfg, usage, "ckpt", "text")
+        device = resolve_device(cfg.device)
+        pretrained = load_pretrained(cfg.ckpt)
+        expect_family(pretrained, "bert")
+        pretrained.model.to(device)
+        print(f"{pretrained.family} model from {pretrained.source} on {device}", file=sys.stderr)
+        text = str(cfg.text)
+        guesses = fill_mask(pretrained, text, cfg.top_k, device)
+        print(format_guesses(guesses))
+        print(f"best: {best_filling(pretrained, text, guesses)}")
+
+
+if __name__ == "__main__":
+    entry_point(main, literal_keys=("text",))
