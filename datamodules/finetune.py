@@ -48,15 +48,8 @@ from tokenizers import Tokenizer, processors
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from datamodules.long_text import chunk_document, sample_chunks, truncate
-from datamodules.tasks import (
-    Example,
-    LabelMap,
-    TaskDataError,
-    TaskSpec,
-    build_label_map,
-    read_examples,
-    task_examples,
-)
+from datamodules.task_files import Example, read_examples, task_examples
+from datamodules.tasks import LabelMap, TaskDataError, TaskSpec, build_label_map
 from tokenizer import special_ids
 from tokenizer.build import add_bert_template
 from tokenizer.special import EOT

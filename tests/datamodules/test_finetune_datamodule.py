@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from datamodules.finetune import FinetuneDataModule
-from datamodules.tasks import TaskDataError, TaskSpec, read_examples
+from datamodules.task_files import read_examples
+from datamodules.tasks import TaskDataError, TaskSpec
 from tests.conftest import SHARED_DATA
 from tests.datamodules.test_tasks import task_spec
 from tokenizer import batched, special_ids, train_tokenizer

@@ -9,6 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from datamodules.task_files import read_examples
 from datamodules.tasks import (
     LabelMap,
     TaskDataError,
@@ -16,7 +17,6 @@ from datamodules.tasks import (
     build_label_map,
     collect_labels,
     load_labels,
-    read_examples,
     save_labels,
 )
 from tests.conftest import CONF
