@@ -48,7 +48,8 @@ from pipeline.loggers import (
     saved_wandb_run,
     tokenizer_fingerprint,
 )
-from pipeline.run_folder import RESULTS, refuse_overwrite
+from pipeline.results import RESULTS, BestCheckpoint, FinalScores, FinetuneResults
+from pipeline.run_folder import refuse_overwrite
 from pipeline.strategies import best_precision
 from pipeline.task_module import (
     Finetuned,
@@ -153,7 +154,7 @@ def head_spec(cfg: DictConfig, task: TaskSpec, label_map: LabelMap) -> HeadSpec:
 # --- make finetune -------------------------------------------------------------------------------
 
 
-def finetune(cfg: DictConfig) -> dict[str, Any]:
+def finetune(cfg: DictConfig) -> FinetuneResults:
     """Train on the task, evaluate, write results.json; returns the results."""
     if cfg.get("ckpt") is None:
         raise ConfigError(
@@ -250,29 +251,29 @@ def finetune(cfg: DictConfig) -> dict[str, Any]:
     loggers, trainer.loggers = trainer.loggers, []  # the history already holds these values
     best = trainer.validate(module, datamodule=datamodule, ckpt_path=best_path, verbose=False)
     trainer.loggers = loggers
-    results = {
-        "task": task.name,
-        "seed": cfg.seed,
-        "lr": lr,
-        "init": "random" if cfg.from_scratch else str(cfg.ckpt),
-        "backbone": str(cfg.ckpt),
-        "main_metric": head.metrics[0],
-        "main_split": datamodule.eval_splits[0],
-        "overrides": job_overrides(),
-        "best": {
+    results = FinetuneResults(
+        task=task.name,
+        seed=cfg.seed,
+        lr=lr,
+        init="random" if cfg.from_scratch else str(cfg.ckpt),
+        backbone=str(cfg.ckpt),
+        main_metric=head.metrics[0],
+        main_split=datamodule.eval_splits[0],
+        overrides=job_overrides(),
+        best=BestCheckpoint(
             # numbered from 1, as every logger numbers them (pipeline.loggers.numbered_from_one)
-            "epoch": int(best_checkpoint.get("epoch", 0)) + 1,
-            "step": int(best_checkpoint.get("global_step", 0)),
-            "checkpoint": str(best_path),
-            "metrics": split_metrics(merge(best), datamodule.eval_splits),
-        },
-        "final": {"step": trainer.global_step, "metrics": final},
-    }
+            epoch=int(best_checkpoint.get("epoch", 0)) + 1,
+            step=int(best_checkpoint.get("global_step", 0)),
+            checkpoint=str(best_path),
+            metrics=split_metrics(merge(best), datamodule.eval_splits),
+        ),
+        final=FinalScores(step=trainer.global_step, metrics=final),
+    )
     if trainer.is_global_zero:
-        write_json(run_dir / RESULTS, results)
+        results.write(run_dir / RESULTS)
         rows = [
-            [task.name, split, name, value, cfg.seed, lr, results["init"]]
-            for split, values in results["best"]["metrics"].items()
+            [task.name, split, name, value, cfg.seed, lr, results.init]
+            for split, values in results.best.metrics.items()
             for name, value in values.items()
         ]
         columns = ["task", "split", "metric", "value", "seed", "lr", "init"]
@@ -323,18 +324,18 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 def print_finetune_summary(
-    results: dict[str, Any], run_dir: Path, tracking: dict[str, str] | None = None
+    results: FinetuneResults, run_dir: Path, tracking: dict[str, str] | None = None
 ) -> None:
-    best = results["best"]
+    best = results.best
     print(
-        f"\nbest at epoch {best['epoch']} (step {best['step']}), chosen by "
-        f"{results['main_split']} {results['main_metric']}:"
+        f"\nbest at epoch {best.epoch} (step {best.step}), chosen by "
+        f"{results.main_split} {results.main_metric}:"
     )
-    for split, metrics in best["metrics"].items():
+    for split, metrics in best.metrics.items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "loss")
         print(f"  {split:<15} {shown}")
     print(f"  results     {run_dir / RESULTS}")
-    print(f"  checkpoint  {best['checkpoint']}")
+    print(f"  checkpoint  {best.checkpoint}")
     for name, where in (tracking or {}).items():
         print(f"  {name:<11} {where}")
     print(f"next: {shlex.join(['make', 'evaluate', f'ckpt={run_dir}'])}")

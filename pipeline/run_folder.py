@@ -26,10 +26,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from pipeline.config import ConfigError, check_run_name
+from pipeline.results import RESULTS
 
 Command = Literal["pretrain", "finetune"]
 CHECKPOINT_DIR = "checkpoints"
-RESULTS = "results.json"
 RECORD_DIR = ".hydra"
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from pipeline.results import FinetuneResults
 from pipeline.seeds import summarize_seeds
 from tokenizer import write_text_atomic
 
@@ -37,24 +38,24 @@ def setting_of(overrides: list[str], common: set[str] = frozenset()) -> str:
     return " ".join(sorted(kept))
 
 
-def summarize_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize_results(results: list[FinetuneResults]) -> list[dict[str, Any]]:
     """One row per setting: the main metric's median, min, max and std over its seeds."""
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    common = set.intersection(*(set(r.get("overrides", [])) for r in results)) if results else set()
+    groups: dict[str, list[FinetuneResults]] = defaultdict(list)
+    common = set.intersection(*(set(r.overrides) for r in results)) if results else set()
     for result in results:
-        groups[setting_of(result.get("overrides", []), common)].append(result)
+        groups[setting_of(result.overrides, common)].append(result)
     rows = []
     for setting, members in sorted(groups.items()):
         first = members[0]
-        metric, split = first["main_metric"], first["main_split"]
-        values = [m["best"]["metrics"][split][metric] for m in members]
+        metric, split = first.main_metric, first.main_split
+        values = [m.best.metrics[split][metric] for m in members]
         summary = summarize_seeds(values)
         rows.append(
             {
                 "setting": setting or "(default)",
-                "task": first["task"],
+                "task": first.task,
                 "metric": f"{split}/{metric}",
-                "seeds": sorted(m["seed"] for m in members),
+                "seeds": sorted(m.seed for m in members),
                 "values": values,
                 "median": summary.median,
                 "min": summary.min,
@@ -91,7 +92,7 @@ def summarize_sweep(folder: str | Path) -> list[dict[str, Any]]:
         raise FileNotFoundError(
             f"{folder} holds no */results.json: no job of the sweep finished (see the jobs' logs)"
         )
-    rows = summarize_results([json.loads(f.read_text(encoding="utf-8")) for f in files])
+    rows = summarize_results([FinetuneResults.read(f) for f in files])
     write_text_atomic(folder / "sweep_summary.json", json.dumps(rows, indent=2) + "\n")
     write_text_atomic(folder / "sweep_summary.md", summary_table(rows) + "\n")
     return rows

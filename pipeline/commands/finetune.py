@@ -20,8 +20,7 @@ from pipeline.finetuning import finetune
 @hydra.main(config_path="../../conf", config_name="finetune", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     with user_errors():
-        results = finetune(cfg)
-        value = results["best"]["metrics"][results["main_split"]].get(results["main_metric"])
+        value = finetune(cfg).main_score()
         return value if value is not None and math.isfinite(value) else float("nan")
 
 

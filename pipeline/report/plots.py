@@ -236,7 +236,7 @@ def plot_finetune_curves(task: str, runs: list[FinetuneRun], path: Path) -> bool
         points = sorted(run.metrics[column].items())
         label = f"seed {run.seed}" + (f" {split}" if len(splits) > 1 else "")
         if lr_differs(runs):
-            label += f" lr {run.results.get('lr')}"
+            label += f" lr {run.results.lr}"
         axes.plot(
             [s for s, _ in points],
             [v for _, v in points],

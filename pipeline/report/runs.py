@@ -12,7 +12,6 @@ wins.
 from __future__ import annotations
 
 import csv
-import json
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import yaml
+
+from pipeline.results import RESULTS, FinetuneResults, ResultsError
 
 Series = dict[int, float]  # step -> value
 
@@ -103,39 +104,34 @@ class FinetuneRun:
     """A fine-tuning run folder: its results.json and, when present, its metrics."""
 
     path: Path
-    results: dict[str, Any]
+    results: FinetuneResults
     metrics: dict[str, Series]
 
     @classmethod
     def load(cls, path: Path) -> FinetuneRun:
         try:
-            results = json.loads((path / "results.json").read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise ReportError(f"{path / 'results.json'} is not readable JSON ({err})") from err
+            results = FinetuneResults.read(path / RESULTS)
+        except ResultsError as err:
+            raise ReportError(str(err)) from err
         metrics_csv = path / "logs" / "metrics.csv"
         metrics = read_metrics(metrics_csv) if metrics_csv.is_file() else {}
         return cls(path, results, metrics)
 
     @property
     def task(self) -> str:
-        return str(self.results.get("task", self.path.name))
+        return self.results.task
 
     @property
-    def seed(self) -> Any:
-        return self.results.get("seed")
+    def seed(self) -> int:
+        return self.results.seed
 
     @property
     def main_metric(self) -> str:
-        return str(self.results.get("main_metric", "accuracy"))
+        return self.results.main_metric
 
     def scores(self, which: str = "best") -> dict[str, float]:
         """split -> the main metric in `which` ("best" or "final") results."""
-        splits = (self.results.get(which) or {}).get("metrics") or {}
-        return {
-            split: float(values[self.main_metric])
-            for split, values in splits.items()
-            if isinstance(values, dict) and self.main_metric in values
-        }
+        return self.results.scores(which)
 
 
 def find_runs(paths: Iterable[Path]) -> tuple[list[PretrainRun], list[FinetuneRun]]:
@@ -187,7 +183,7 @@ def finetune_groups(runs: list[FinetuneRun]) -> dict[str, list[FinetuneRun]]:
         for run in task_runs:
             parts = [task]
             if lr_differs(task_runs):
-                parts.append(f"lr {run.results.get('lr')}")
+                parts.append(f"lr {run.results.lr}")
             if len({_init_label(r) for r in task_runs}) > 1:
                 parts.append(_init_label(run))
             groups.setdefault(" ".join(parts), []).append(run)
@@ -196,10 +192,10 @@ def finetune_groups(runs: list[FinetuneRun]) -> dict[str, list[FinetuneRun]]:
 
 def _init_label(run: FinetuneRun) -> str:
     """What the run started from: "random init" or the pretrained model's folder name."""
-    init = str(run.results.get("init", ""))
+    init = run.results.init
     return "random init" if init == "random" else Path(init).name or init
 
 
 def lr_differs(runs: list[FinetuneRun]) -> bool:
     """Whether the runs were not all trained with the same learning rate."""
-    return len({str(run.results.get("lr")) for run in runs}) > 1
+    return len({str(run.results.lr) for run in runs}) > 1

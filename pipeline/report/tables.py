@@ -121,18 +121,18 @@ def finetune_tables(runs: list[FinetuneRun], groups: dict[str, list[FinetuneRun]
     detail = []
     for run in runs:
         best, final = run.scores("best"), run.scores("final")
-        best_at = run.results.get("best") or {}
+        best_at = run.results.best
         detail.append(
             [
                 run.task,
                 run.seed,
-                run.results.get("lr"),
+                run.results.lr,
                 run.main_metric,
                 "; ".join(f"{split} {value:.4f}" for split, value in best.items()),
                 "; ".join(f"{split} {value:.4f}" for split, value in final.items()),
-                best_at.get("step"),
-                best_at.get("epoch"),
-                run.results.get("init"),
+                best_at.step,
+                best_at.epoch,
+                run.results.init,
                 run.path.name,
             ]
         )

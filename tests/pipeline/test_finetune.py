@@ -90,15 +90,15 @@ def test_every_glue_task_trains_and_reports_its_metrics(task, bert_ckpt, tmp_pat
         tmp_path, bert_ckpt, f"task={task}", data_dir=GLUE / GLUE_TASKS[task]
     )
     on_disk = json.loads((run_dir / "results.json").read_text())
-    assert on_disk == results
+    assert on_disk == results.to_dict()
     spec = instantiate(compose_config("finetune", f"task={task}").task)
-    metrics = results["best"]["metrics"]["dev"]
+    metrics = results.best.metrics["dev"]
     assert set(spec.metrics) <= set(metrics)
-    assert results["main_metric"] == spec.main_metric and results["main_split"] == "dev"
+    assert results.main_metric == spec.main_metric and results.main_split == "dev"
     for name in spec.metrics:
         low = -1.0 if name in ("matthews", "pearson", "spearman") else 0.0
         assert low <= metrics[name] <= 1.0
-    assert results["best"]["step"] == 3  # 48 examples / 16 per batch, one epoch
+    assert results.best.step == 3  # 48 examples / 16 per batch, one epoch
     assert (run_dir / "checkpoints" / "best.ckpt").is_file()
     labels = load_labels(run_dir / "labels.json")
     assert labels.kind == spec.kind and list(labels.labels) == list(spec.labels or [])
@@ -120,7 +120,7 @@ def test_best_checkpoint_is_chosen_by_the_main_metric_and_evaluate_reproduces_it
     history = read_metrics(run_dir / "logs" / "metrics.csv", "val/dev/accuracy")
     assert len(history) == 3
     best_epoch = max(range(3), key=lambda e: (history[e], -e))  # the first of equal bests
-    assert results["best"]["epoch"] == best_epoch + 1  # epochs are numbered from 1
+    assert results.best.epoch == best_epoch + 1  # epochs are numbered from 1
     # One numbering in metrics.csv, results.json and the checkpoint: step N = after N steps.
     with open(run_dir / "logs" / "metrics.csv") as handle:
         rows = [r for r in csv.DictReader(handle) if r.get("val/dev/accuracy")]
@@ -130,19 +130,19 @@ def test_best_checkpoint_is_chosen_by_the_main_metric_and_evaluate_reproduces_it
     ]
     best_row = rows[best_epoch]
     assert (int(best_row["step"]), int(float(best_row["epoch"]))) == (
-        results["best"]["step"],
-        results["best"]["epoch"],
+        results.best.step,
+        results.best.epoch,
     )
-    saved = torch.load(results["best"]["checkpoint"], weights_only=True)
-    assert saved["global_step"] == results["best"]["step"]
-    assert results["best"]["metrics"]["dev"]["accuracy"] == pytest.approx(history[best_epoch])
-    assert results["final"]["metrics"]["dev"]["accuracy"] == pytest.approx(history[-1])
+    saved = torch.load(results.best.checkpoint, weights_only=True)
+    assert saved["global_step"] == results.best.step
+    assert results.best.metrics["dev"]["accuracy"] == pytest.approx(history[best_epoch])
+    assert results.final.metrics["dev"]["accuracy"] == pytest.approx(history[-1])
 
     cfg = compose_config(
         "evaluate", f"ckpt={run_dir}", "datamodule.max_examples=96", run_dir=tmp_path / "eval"
     )
     again = evaluate(cfg)
-    for name, value in results["best"]["metrics"]["dev"].items():
+    for name, value in results.best.metrics["dev"].items():
         assert again["dev"][name] == pytest.approx(value, abs=1e-5), name
     assert json.loads((run_dir / "eval_sst2.json").read_text())["metrics"] == again
 
@@ -172,9 +172,9 @@ def test_mnli_matched_and_mismatched_are_reported_apart(bert_ckpt, tmp_path):
     results, run_dir = run_finetune(
         tmp_path, bert_ckpt, "task=mnli", "datamodule.eval_batch_size=7", data_dir=data
     )
-    best = results["best"]["metrics"]
+    best = results.best.metrics
     assert set(best) == {"dev_matched", "dev_mismatched"}
-    assert results["main_split"] == "dev_matched"
+    assert results.main_split == "dev_matched"
     # Each split's accuracy is that of the model's own predictions (make predict, rows put
     # back in file order across batches of 7) against that split's labels alone.
     for split, part in (("dev_matched", labelled), ("dev_mismatched", None)):
@@ -196,7 +196,7 @@ def test_mnli_matched_and_mismatched_are_reported_apart(bert_ckpt, tmp_path):
 
 def test_gpt_backbone_fine_tunes_on_the_last_token(gpt_ckpt, tmp_path):
     results, run_dir = run_finetune(tmp_path, gpt_ckpt, "task=rte", data_dir=GLUE / "RTE")
-    assert 0 <= results["best"]["metrics"]["dev"]["accuracy"] <= 1
+    assert 0 <= results.best.metrics["dev"]["accuracy"] <= 1
     tuned = load_finetuned(run_dir)
     assert tuned.family == "gpt" and tuned.tokenizer_kind == "bpe"
 
@@ -223,7 +223,7 @@ def test_fine_tuned_model_can_be_fine_tuned_again(bert_ckpt, tmp_path):
     assert backbone is tuned or torch.equal(next(backbone.parameters()), next(tuned.parameters()))
     assert (loaded.family, loaded.tokenizer_kind) == ("bert", "wordpiece")
     results, _ = run_finetune(tmp_path / "b", first, "task=rte", data_dir=GLUE / "RTE")
-    assert results["backbone"] == str(first)
+    assert results.backbone == str(first)
 
 
 def test_predict_writes_the_glue_submission_format(bert_ckpt, tmp_path):
@@ -283,7 +283,7 @@ def test_custom_task_from_jsonl_collects_and_saves_its_labels(bert_ckpt, tmp_pat
     )
     assert list(load_labels(run_dir / "labels.json").labels) == ["bad", "good"]
     assert list(load_finetuned(run_dir).module.head.label_map.labels) == ["bad", "good"]
-    assert "accuracy" in results["best"]["metrics"]["dev"]
+    assert "accuracy" in results.best.metrics["dev"]
 
 
 @pytest.mark.skipif(not LONG_DOCS.is_dir(), reason=f"long documents not found at {LONG_DOCS}")
@@ -315,7 +315,7 @@ def test_long_documents_get_one_prediction_each(mode, bert_ckpt, tmp_path):
         *mode,
     )
     results, run_dir = run_finetune(tmp_path, bert_ckpt, *overrides)
-    assert set(results["best"]["metrics"]["dev"]) >= {"accuracy", "f1"}
+    assert set(results.best.metrics["dev"]) >= {"accuracy", "f1"}
     # predict on a file of long documents: one row per document
     docs = tmp_path / "docs.jsonl"
     lines = (LONG_DOCS / "imdb_long_train.jsonl").read_text().splitlines()[:5]
@@ -526,8 +526,8 @@ def test_a_regression_task_needs_only_its_kind(bert_ckpt, tmp_path):
         "task.label_column=score",
         "task.kind=regression",
     )
-    assert results["main_metric"] == "spearman"
-    assert set(results["best"]["metrics"]["dev"]) >= {"spearman", "pearson"}
+    assert results.main_metric == "spearman"
+    assert set(results.best.metrics["dev"]) >= {"spearman", "pearson"}
 
 
 def test_fine_tuning_past_the_pretrained_length_warns_and_records_the_new_length(tmp_path, caplog):
@@ -544,7 +544,7 @@ def test_fine_tuning_past_the_pretrained_length_warns_and_records_the_new_length
         )
     warned = [r.getMessage() for r in caplog.records if "positions 32-63" in r.getMessage()]
     assert len(warned) == 1 and "sequences of up to 64 tokens" in warned[0]
-    tuned = torch.load(results["best"]["checkpoint"], weights_only=True)
+    tuned = torch.load(results.best.checkpoint, weights_only=True)
     assert tuned["trained_seq_len"] == 64
     caplog.clear()
     with caplog.at_level(logging.WARNING):  # within the length trained: quiet

@@ -8,6 +8,7 @@ import statistics
 import pytest
 
 from pipeline.cli import is_sweep
+from pipeline.results import FinetuneResults
 from pipeline.sweep import setting_of, summarize_results, summarize_sweep, summary_table
 
 
@@ -33,7 +34,7 @@ def test_settings_group_jobs_by_everything_but_the_seed():
 def test_summary_is_the_median_and_spread_over_seeds():
     values = {"2e-5": [0.60, 0.64, 0.55], "5e-5": [0.52, 0.70, 0.66]}
     results = [result(lr, seed, v) for lr, vs in values.items() for seed, v in enumerate(vs, 1)]
-    rows = summarize_results(results)
+    rows = summarize_results([FinetuneResults.from_dict(r) for r in results])
     assert [r["setting"] for r in rows] == ["optim.lr=2e-5", "optim.lr=5e-5"]  # task=rte: all
     for row, (_, vs) in zip(rows, values.items(), strict=True):
         assert row["seeds"] == [1, 2, 3] and row["metric"] == "dev/accuracy"
