@@ -38,7 +38,7 @@ from datamodules.tasks import LabelMap, TaskSpec, save_labels
 from models.config import BertConfig, GPTConfig
 from pipeline.checkpoints import AtomicCheckpointIO, CheckpointExtras
 from pipeline.config import ConfigError
-from pipeline.load import read_checkpoint
+from pipeline.load import read_checkpoint, resolve_checkpoint
 from pipeline.loggers import (
     build_loggers,
     log_run_end,
@@ -166,7 +166,8 @@ def finetune(cfg: DictConfig) -> FinetuneResults:
     run_dir = Path(cfg.paths.output_dir)
     refuse_overwrite("finetune", run_dir)
     task = task_from(cfg.get("task"))
-    pretrained = load_backbone(cfg.ckpt)
+    source = resolve_checkpoint(cfg.ckpt)  # read once, for the backbone and its wandb run
+    pretrained = load_backbone(source)
     backbone, tokenizer, kind, family = (
         pretrained.model,
         pretrained.tokenizer,
@@ -203,7 +204,7 @@ def finetune(cfg: DictConfig) -> FinetuneResults:
     )
     config = OmegaConf.to_container(cfg, resolve=True)
     # fine-tunes of a checkpoint join its wandb project and group
-    pretraining = saved_wandb_run(checkpoint_file_of(cfg.ckpt))
+    pretraining = saved_wandb_run(source.contents)
     loggers = build_loggers(
         cfg,
         run_dir,
@@ -247,9 +248,10 @@ def finetune(cfg: DictConfig) -> FinetuneResults:
     trainer.fit(module, datamodule=datamodule)
     final = split_metrics(trainer.callback_metrics, datamodule.eval_splits)
     best_path = checkpoint.best_model_path or checkpoint.last_model_path
-    best_checkpoint = read_checkpoint(best_path)
+    best_checkpoint = read_checkpoint(best_path)  # once: its weights, epoch and step
+    module.load_state_dict(best_checkpoint["state_dict"])
     loggers, trainer.loggers = trainer.loggers, []  # the history already holds these values
-    best = trainer.validate(module, datamodule=datamodule, ckpt_path=best_path, verbose=False)
+    best = trainer.validate(module, datamodule=datamodule, verbose=False)
     trainer.loggers = loggers
     results = FinetuneResults(
         task=task.name,
@@ -281,15 +283,6 @@ def finetune(cfg: DictConfig) -> FinetuneResults:
         tracking = log_run_end(trainer.loggers, results=str(run_dir / RESULTS))
         print_finetune_summary(results, run_dir, tracking)
     return results
-
-
-def checkpoint_file_of(ckpt: str) -> dict[str, Any] | None:
-    """The contents of our checkpoint that `ckpt` names (a file or run folder), else None (an
-    HF folder)."""
-    path = Path(str(ckpt)).expanduser()
-    if path.is_dir():
-        path = path / "checkpoints" / "last.ckpt"
-    return read_checkpoint(path) if path.suffix == ".ckpt" and path.is_file() else None
 
 
 def merge(results: list[dict[str, float]]) -> dict[str, float]:

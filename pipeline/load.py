@@ -48,6 +48,7 @@ from tokenizer import TokenizerLoadError, load_tokenizer
 
 __all__ = [
     "CheckpointLoadError",
+    "CheckpointSource",
     "Pretrained",
     "WrongFamilyError",
     "checkpoint_model_config",
@@ -58,14 +59,23 @@ __all__ = [
     "model_state",
     "read_checkpoint",
     "require_keys",
+    "resolve_checkpoint",
     "resolve_device",
 ]
 
 log = logging.getLogger(__name__)
 
 STATE_PREFIX = "model."  # the LightningModule holds the model as `self.model`
-# Where a folder's model is looked for, in order; the first that exists wins.
-FOLDER_CANDIDATES = ("config.json", "checkpoints/last.ckpt", "last.ckpt", "hf/config.json")
+# Where a folder's model is looked for, in order; the first that exists wins: a fine-tuning
+# run's best checkpoint, an HF folder, a pretraining run's last checkpoint, its HF export.
+FOLDER_CANDIDATES = (
+    "checkpoints/best.ckpt",
+    "config.json",
+    "checkpoints/last.ckpt",
+    "last.ckpt",
+    "hf/config.json",
+)
+FINETUNE_KEY = "finetune"  # the checkpoint entry that marks (and describes) a fine-tuned model
 
 
 class CheckpointLoadError(ValueError):
@@ -98,14 +108,37 @@ class Pretrained:
     trained_seq_len: int | None = None
 
 
-def load_pretrained(path: str | os.PathLike) -> Pretrained:
-    """Load a model and its tokenizer from a checkpoint file, a run folder or an HF folder.
+@dataclass(frozen=True)
+class CheckpointSource:
+    """What a `ckpt=` argument names, resolved once and read once: every loader below takes
+    one (or the argument itself, which it resolves), so a command reads each file once.
+
+    Attributes:
+        path: the checkpoint file, or the HF folder.
+        contents: the checkpoint's contents (memory-mapped); None for an HF folder.
+    """
+
+    path: Path
+    contents: dict[str, Any] | None
+
+    @property
+    def kind(self) -> str:
+        """ "hf", "finetuned" (a task model) or "pretrained"."""
+        if self.contents is None:
+            return "hf"
+        return "finetuned" if FINETUNE_KEY in self.contents else "pretrained"
+
+
+def resolve_checkpoint(given: str | os.PathLike | CheckpointSource) -> CheckpointSource:
+    """The checkpoint file or HF folder that `given` names (a file, a pretraining or
+    fine-tuning run folder, an HF folder), read.
 
     Raises:
-        CheckpointLoadError: nothing loadable at `path`, an unreadable or foreign checkpoint,
-            or weights that do not fit the stored architecture.
+        CheckpointLoadError: nothing loadable there, or an unreadable checkpoint.
     """
-    path = Path(path).expanduser()
+    if isinstance(given, CheckpointSource):
+        return given
+    path = Path(given).expanduser()
     if not path.exists():
         raise CheckpointLoadError(
             f"ckpt={str(path)!r} does not exist; give a checkpoint file (*.ckpt), a run folder "
@@ -114,9 +147,22 @@ def load_pretrained(path: str | os.PathLike) -> Pretrained:
     if path.is_dir():
         path = _resolve_folder(path)
     if path.name == "config.json":
-        pretrained = _load_hf_folder(path.parent)
+        return CheckpointSource(path.parent, None)
+    return CheckpointSource(path, read_checkpoint(path))
+
+
+def load_pretrained(given: str | os.PathLike | CheckpointSource) -> Pretrained:
+    """Load a model and its tokenizer from a checkpoint file, a run folder or an HF folder.
+
+    Raises:
+        CheckpointLoadError: nothing loadable at `given`, an unreadable or foreign checkpoint,
+            or weights that do not fit the stored architecture.
+    """
+    source = resolve_checkpoint(given)
+    if source.contents is None:
+        pretrained = _load_hf_folder(source.path)
     else:
-        pretrained = _load_lightning_checkpoint(path)
+        pretrained = _load_lightning_checkpoint(source.path, source.contents)
     pretrained.model.eval()
     log.info("loaded a %s model from %s", pretrained.family, pretrained.source)
     return pretrained
@@ -147,8 +193,7 @@ def _resolve_folder(folder: Path) -> Path:
     )
 
 
-def _load_lightning_checkpoint(path: Path) -> Pretrained:
-    checkpoint = read_checkpoint(path)
+def _load_lightning_checkpoint(path: Path, checkpoint: dict[str, Any]) -> Pretrained:
     for key in ("model_config", "tokenizer"):
         if key not in checkpoint:
             raise CheckpointLoadError(

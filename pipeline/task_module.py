@@ -33,21 +33,21 @@ from models.heads import DocumentClassifier, SequenceClassifier, sequence_loss
 from pipeline.checkpoints import model_config_record
 from pipeline.families import family_named
 from pipeline.load import (
+    FINETUNE_KEY,
     CheckpointLoadError,
+    CheckpointSource,
     Pretrained,
     checkpoint_model_config,
     checkpoint_tokenizer,
     load_pretrained,
     model_state,
-    read_checkpoint,
+    resolve_checkpoint,
     trained_seq_len,
 )
 from pipeline.optim import build_optimizer
 from pipeline.task_metrics import task_metrics
 
 log = logging.getLogger(__name__)
-
-FINETUNE_KEY = "finetune"  # the checkpoint entry that marks (and describes) a fine-tuned model
 
 
 @dataclass(frozen=True)
@@ -227,46 +227,32 @@ class Finetuned:
     trained_seq_len: int | None = None
 
 
-def finetuned_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
-    """The fine-tuned checkpoint `path` names (a file, or a fine-tuning run folder's best
-    checkpoint) and its contents, or None when it is not one (a pretraining checkpoint or an
-    HF folder)."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        candidates = [path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt"]
-        path = next((c for c in candidates if c.is_file()), path)
-    if path.is_file() and path.suffix == ".ckpt":
-        checkpoint = read_checkpoint(path)
-        return (path, checkpoint) if FINETUNE_KEY in checkpoint else None
-    return None
-
-
-def load_finetuned(path: str | os.PathLike) -> Finetuned:
+def load_finetuned(given: str | os.PathLike | CheckpointSource) -> Finetuned:
     """Load a fine-tuned model from its checkpoint file or run folder.
 
     Raises:
         CheckpointLoadError: the path is missing, unreadable, or not a fine-tuned checkpoint
             (the message says what it is instead and what to give).
     """
-    if not Path(path).expanduser().exists():
-        raise CheckpointLoadError(
-            f"ckpt={str(path)!r} does not exist; give a fine-tuning run folder "
-            "(outputs/finetune/<task>/<run>/) or its checkpoints/best.ckpt"
-        )
-    found = finetuned_checkpoint(path)
-    if found is None and Path(path).expanduser().is_dir():
-        holds = list(Path(path).expanduser().glob("checkpoints/*.ckpt"))
-        if not holds:
+    if not isinstance(given, CheckpointSource):
+        folder = Path(given).expanduser()
+        if not folder.exists():
             raise CheckpointLoadError(
-                f"{path} holds no checkpoints/best.ckpt or last.ckpt: the fine-tuning run did not "
-                "finish an epoch; give a finished run folder or a *.ckpt file"
+                f"ckpt={str(given)!r} does not exist; give a fine-tuning run folder "
+                "(outputs/finetune/<task>/<run>/) or its checkpoints/best.ckpt"
             )
-    if found is None:
+        if folder.is_dir() and not list(folder.glob("checkpoints/*.ckpt")):
+            raise CheckpointLoadError(
+                f"{given} holds no checkpoints/best.ckpt or last.ckpt: the fine-tuning run did "
+                "not finish an epoch; give a finished run folder or a *.ckpt file"
+            )
+    source = resolve_checkpoint(given)
+    if source.kind != "finetuned":
         raise CheckpointLoadError(
-            f"{path} is not a fine-tuned model (no {FINETUNE_KEY!r} entry): it looks like a "
-            "pretrained one; fine-tune it first with `make finetune task=... ckpt=...`"
+            f"{source.path} is not a fine-tuned model (no {FINETUNE_KEY!r} entry): it looks like "
+            "a pretrained one; fine-tune it first with `make finetune task=... ckpt=...`"
         )
-    file, checkpoint = found
+    file, checkpoint = source.path, source.contents
     family, config = checkpoint_model_config(file, checkpoint.get("model_config"))
     tokenizer, kind = checkpoint_tokenizer(file, checkpoint.get("tokenizer"))
     try:
@@ -286,13 +272,14 @@ def load_finetuned(path: str | os.PathLike) -> Finetuned:
     return Finetuned(module, tokenizer, kind, family, file, config, trained_seq_len(checkpoint))
 
 
-def load_backbone(path: str | os.PathLike) -> Pretrained:
+def load_backbone(given: str | os.PathLike | CheckpointSource) -> Pretrained:
     """The backbone to fine-tune (as `model`) with its tokenizer and trained length.
 
     Takes a pretraining checkpoint or run folder, an HF folder (ours or any BERT/Llama one the
     models package imports), or a fine-tuned model (its backbone, e.g. MNLI -> RTE)."""
-    if finetuned_checkpoint(path) is not None:
-        tuned = load_finetuned(path)
+    source = resolve_checkpoint(given)
+    if source.kind == "finetuned":
+        tuned = load_finetuned(source)
         model = tuned.module.model
         classifier = model.classifier if isinstance(model, DocumentClassifier) else model
         return Pretrained(
@@ -303,7 +290,7 @@ def load_backbone(path: str | os.PathLike) -> Pretrained:
             tuned.source,
             tuned.trained_seq_len,
         )
-    return load_pretrained(path)
+    return load_pretrained(source)
 
 
 def reinitialize(backbone: nn.Module) -> nn.Module:
@@ -316,7 +303,6 @@ __all__ = [
     "HeadSpec",
     "TaskModule",
     "build_head",
-    "finetuned_checkpoint",
     "load_backbone",
     "load_finetuned",
     "reinitialize",

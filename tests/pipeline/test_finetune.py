@@ -573,3 +573,28 @@ def test_a_refused_fine_tuning_rerun_leaves_the_folder_as_it_was(tmp_path):
     )
     assert result.returncode == 2 and "already holds a fine-tuning run" in result.stderr
     assert [p.name for p in run_dir.iterdir()] == ["results.json"]
+
+
+def test_each_checkpoint_file_is_read_once_per_command(bert_ckpt, tmp_path, monkeypatch):
+    """`make finetune` reads the pretrained checkpoint once (backbone, tokenizer, wandb run)
+    and its own best checkpoint once; `make evaluate` and `make predict` the model's once."""
+    reads: list[str] = []
+    real_load = torch.load
+
+    def counting_load(f, *args, **kwargs):
+        reads.append(str(Path(f).resolve()) if isinstance(f, (str, Path)) else repr(f))
+        return real_load(f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counting_load)
+    results, run_dir = run_finetune(tmp_path, bert_ckpt, "task=rte", data_dir=GLUE / "RTE")
+    pretrained = str((bert_ckpt / "checkpoints" / "last.ckpt").resolve())
+    best = str(Path(results.best.checkpoint).resolve())
+    assert sorted(reads) == sorted([pretrained, best]), reads
+    for command in (evaluate, predict):
+        reads.clear()
+        overrides = [f"ckpt={run_dir}"]
+        if command is predict:
+            overrides.append(f"predict.file={GLUE / 'RTE' / 'dev.tsv'}")
+            overrides.append(f"predict.out_dir={tmp_path / 'predicted'}")
+        command(compose_config(command.__name__, *overrides, "datamodule.max_examples=8"))
+        assert reads == [best], (command.__name__, reads)
