@@ -257,8 +257,9 @@ class TaskSpec:
             settings["files"] = {"input": str(path.resolve())}
         elif not settings.get("files"):
             raise TaskDataError(
-                f"task {self.name!r} names no unlabelled files (task.predict.files); give the "
-                "texts to label with predict.file=PATH"
+                f"task {self.name!r} names no unlabelled file to label (task.predict.files is "
+                "not set): give one with predict.file=PATH, a TSV, CSV or JSON Lines file with "
+                f"the column(s) {', '.join(map(str, self.text_columns))}"
             )
         columns = {
             k: settings[k] for k in ("text_columns", "id_column", "has_header") if k in settings

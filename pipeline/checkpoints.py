@@ -110,6 +110,8 @@ class StepCheckpoint(ModelCheckpoint):
     def _adopt_saved_best(self, trainer) -> None:
         """Add this callback's files on disk to its best-k record (each file holds its own
         score), then keep only the best `save_top_k` of them."""
+        for gone in [p for p in self.best_k_models if not Path(p).exists()]:
+            del self.best_k_models[gone]  # moved aside as damaged, or deleted by hand
         prefix = self.filename.split("{")[0]
         for path in sorted(Path(self.dirpath).glob(f"{prefix}*.ckpt")):
             if str(path) in self.best_k_models:
@@ -118,6 +120,9 @@ class StepCheckpoint(ModelCheckpoint):
             if score is not None:
                 self.best_k_models[str(path)] = score
         if not self.best_k_models:
+            self.best_model_path = self.kth_best_model_path = ""
+            self.best_model_score = None
+            self.kth_value = torch.tensor(float("inf") if self.mode == "min" else float("-inf"))
             return
         best_first = sorted(
             self.best_k_models,
@@ -277,15 +282,16 @@ def newest_checkpoint(run_dir: Path, *, set_aside_damaged: bool = False) -> Path
 
     Files are atomic, so a file under a checkpoint name is complete unless damaged afterwards;
     a damaged one is skipped with a warning and, with `set_aside_damaged` (the run's own
-    folder, about to be written to), renamed to `<name>.damaged` so that the run's next
-    `last.ckpt` takes its place instead of a `last-v1.ckpt` beside it.
+    folder, about to be written to, by its first process only), renamed to `<name>.damaged`
+    so that the run's next `last.ckpt` takes its place instead of a `last-v1.ckpt` beside it.
     """
     ranked = []
     for path in (run_dir / CHECKPOINT_DIR).glob("*.ckpt"):
         try:
             step = int(read_checkpoint(path).get("global_step", -1))
         except CheckpointLoadError as err:
-            if set_aside_damaged:
+            # a file whose bytes are bad, not one the system failed to read (EIO, NFS)
+            if set_aside_damaged and not isinstance(err.__cause__, OSError):
                 err = f"{err}; moved aside to {set_aside(path).name}"
             log.warning("skipping %s", err)
             continue
@@ -306,7 +312,9 @@ def set_aside(path: Path) -> Path:
     return target
 
 
-def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
+def resume_checkpoint(
+    resume: str | None, run_dir: Path, *, first_process: bool = True
+) -> Path | None:
     """The checkpoint to resume from.
 
     Args:
@@ -314,12 +322,22 @@ def resume_checkpoint(resume: str | None, run_dir: Path) -> Path | None:
             the run would overwrite), "auto" (the newest complete checkpoint of this run folder,
             or a fresh start when there is none), a checkpoint file, or a run folder.
         run_dir: this run's folder.
+        first_process: whether this process may move damaged checkpoints aside (only one of
+            a multi-process run does).
     """
     if resume is None:
         refuse_overwrite("pretrain", run_dir)
         return None
     if resume == "auto":
-        found = newest_checkpoint(run_dir, set_aside_damaged=True)
+        existed = sorted(p.name for p in (run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
+        found = newest_checkpoint(run_dir, set_aside_damaged=first_process)
+        if found is None and existed:
+            raise ConfigError(
+                f"resume=auto: none of the checkpoints in {run_dir / CHECKPOINT_DIR} can be read "
+                f"({', '.join(existed)}; see the warnings above); rather than start the run over "
+                "in its own folder, this stops: resume from a copy with resume=PATH, or start "
+                "afresh with another run_name"
+            )
         if found is None:
             log.info("resume=auto: no checkpoint in %s yet, starting from scratch", run_dir)
         return found
@@ -360,9 +378,23 @@ def check_compatible(
             "in the checkpoint's 'config' entry)"
         )
     if mismatched:
-        fix = " ".join(f"model.{key}={saved.get(key)}" for key in differing if key != "family")
+        # vocab_size follows the tokenizer (not a setting); values as Hydra reads them
+        fix = " ".join(
+            f"model.{key}={_hydra_value(saved.get(key))}"
+            for key in differing
+            if key not in ("family", "vocab_size")
+        )
         raise CheckpointLoadError(
             "the checkpoint does not fit this run's config:\n  "
             + "\n  ".join(mismatched)
             + (f"\nresume with the settings it was trained with: {fix}" if fix else "")
         )
+
+
+def _hydra_value(value: Any) -> str:
+    """`value` as a command-line override spells it (None is `null`, booleans lower case)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)

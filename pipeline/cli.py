@@ -66,6 +66,16 @@ def _launcher_stamp() -> str | None:
     return None
 
 
+def launcher_rank() -> int:
+    """This process's global rank as set by an external launcher (torchrun, SLURM), else 0.
+    (Processes that Lightning's own launcher starts come after rank 0 has set things up.)"""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        return int(os.environ.get("SLURM_PROCID", "0"))
+    return 0
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("run_stamp"):
         OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
@@ -133,6 +143,27 @@ def entry_point(
     main()
 
 
+def command_overrides() -> list[str]:
+    """This job's command-line overrides ([] outside a `@hydra.main` job, e.g. in tests)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []
+
+
+def make_command(target: str, overrides: list[str]) -> str:
+    """`make <target> ...` that a shell runs as these overrides: `key=value` words as make
+    variables, the rest (`~key` removals) in ARGS; quoted for pasting."""
+    variables = [o for o in overrides if "=" in o and not o.startswith("~")]
+    rest = [o for o in overrides if o not in variables]
+    # ARGS is split by `shlex.split` (overrides_from_make): quote only the words it would cut
+    args = " ".join(w if w.split() == [w] and "'" not in w else shlex.quote(w) for w in rest)
+    words = ["make", target, *variables, *([f"ARGS={args}"] if rest else [])]
+    return shlex.join(words)
+
+
 def amending_overrides(args: list[str], group: str) -> list[str]:
     """`group.key=value` overrides as `+group.key=value` when no `group=<name>` is chosen.
 
@@ -141,7 +172,7 @@ def amending_overrides(args: list[str], group: str) -> list[str]:
     refuses the key unless it is added with `+`: the same override then works in `make
     finetune task=sst2 task.data_dir=DIR` and here, as error hints print it.
     """
-    if any(a.partition("=")[0] == group for a in args):
+    if any(a.partition("=")[0].lstrip("+") == group for a in args):
         return args
     prefix = f"{group}."
     return [f"+{a}" if a.startswith(prefix) and "=" in a else a for a in args]

@@ -27,7 +27,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -37,6 +36,7 @@ from datamodules.finetune import FinetuneDataModule
 from datamodules.tasks import LabelMap, TaskSpec, save_labels
 from models.config import BertConfig, GPTConfig
 from pipeline.checkpoints import AtomicCheckpointIO, CheckpointExtras
+from pipeline.cli import command_overrides
 from pipeline.config import ConfigError
 from pipeline.load import read_checkpoint, resolve_checkpoint
 from pipeline.loggers import (
@@ -119,6 +119,11 @@ def task_from(node: DictConfig | None) -> TaskSpec:
         cause = err.__cause__
         if isinstance(cause, ValueError):  # TaskDataError, LongTextSpec's checks
             raise ConfigError(str(cause)) from cause
+        if isinstance(cause, TypeError):  # a misspelled task.* key (TaskSpec has no such field)
+            raise ConfigError(
+                f"task: {cause}; check the field names under task (conf/task/custom.yaml lists "
+                "them all)"
+            ) from cause
         raise
 
 
@@ -261,7 +266,7 @@ def finetune(cfg: DictConfig) -> FinetuneResults:
         backbone=str(cfg.ckpt),
         main_metric=head.metrics[0],
         main_split=datamodule.eval_splits[0],
-        overrides=job_overrides(),
+        overrides=command_overrides(),
         best=BestCheckpoint(
             # numbered from 1, as every logger numbers them (pipeline.loggers.numbered_from_one)
             epoch=int(best_checkpoint.get("epoch", 0)) + 1,
@@ -302,14 +307,6 @@ def split_metrics(logged: dict[str, Any], splits: list[str]) -> dict[str, dict[s
         if len(parts) >= 3 and parts[0] == "val" and parts[1] in out:
             out[parts[1]][parts[2]] = float(value)
     return out
-
-
-def job_overrides() -> list[str]:
-    """This job's command-line overrides (a sweep groups jobs by them)."""
-    try:
-        return list(HydraConfig.get().overrides.task)
-    except ValueError:  # not under @hydra.main (tests building the config by hand)
-        return []
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
@@ -378,7 +375,9 @@ def check_labels(task: TaskSpec, model_labels: LabelMap) -> None:
         )
 
 
-def inference_setup(cfg: DictConfig, predict_file: str | None = None):
+def inference_setup(cfg: DictConfig, *, predicting: bool = False):
+    """The fine-tuned model, its task, datamodule and a Trainer; with `predicting`, the
+    datamodule also reads the unlabelled texts (`predict.file`, else `task.predict.files`)."""
     tuned = load_finetuned(cfg.ckpt)
     task, settings = saved_or_given(cfg, tuned)
     check_labels(task, tuned.module.head.label_map)
@@ -389,7 +388,7 @@ def inference_setup(cfg: DictConfig, predict_file: str | None = None):
             f"sliding windows, but the model was fine-tuned {'with' if not windowed else 'without'} "
             "them; use the task settings it was fine-tuned with (leave task= out)"
         )
-    predict_task = task.prediction_spec(predict_file) if predict_file or task.predict else None
+    predict_task = task.prediction_spec(cfg.predict.file) if predicting else None
     module = tuned.module
     module.set_eval_splits(task.eval_splits)
     datamodule = build_datamodule(
@@ -453,13 +452,7 @@ def predict(cfg: DictConfig) -> list[Path]:
     GLUE submission TSVs (`index`, `prediction`), or for `predict.file` one row per document
     with the class probabilities too."""
     file = cfg.predict.file
-    tuned, task, module, datamodule, trainer = inference_setup(cfg, predict_file=file)
-    if not datamodule.predict_splits:
-        raise ConfigError(
-            f"task {task.name!r} names no unlabelled file to label (task.predict.files is not "
-            "set): give one with predict.file=PATH, a TSV, CSV or JSON Lines file with the "
-            f"column(s) {', '.join(map(str, task.text_columns))}"
-        )
+    tuned, task, module, datamodule, trainer = inference_setup(cfg, predicting=True)
     datamodule.setup("predict")
     outputs = trainer.predict(module, datamodule=datamodule)
     if len(datamodule.predict_splits) == 1:

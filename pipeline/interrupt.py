@@ -41,12 +41,16 @@ class TrainingInterrupted(Exception):
         signum: the signal received.
         step: the optimizer steps done (the checkpoint's global step).
         checkpoint: the checkpoint written (None if the run had no checkpoint callback).
+        reporter: whether this process is the one that prints how to resume.
     """
 
-    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
+    def __init__(
+        self, signum: int, step: int, checkpoint: Path | None, reporter: bool = True
+    ) -> None:
         self.signum = signum
         self.step = step
         self.checkpoint = checkpoint
+        self.reporter = reporter  # the process that tells the user (global rank 0)
         super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
 
     @property
@@ -66,6 +70,7 @@ class GracefulStop(L.Callback):
     def __init__(self) -> None:
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
+        self._stop: TrainingInterrupted | None = None  # saved at a signal, raised next batch
 
     # --- signal handlers ---
 
@@ -93,9 +98,16 @@ class GracefulStop(L.Callback):
 
     # --- Lightning hooks ---
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.received = None
-        self._install()
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # From the start of `fit`, before the checkpoint is restored and the sanity check runs,
+        # so that no signal reaches Lightning's own handlers in between.
+        if stage == "fit":
+            self.received = None
+            self._stop = None
+            self._install()
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._restore()
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._restore()
@@ -118,7 +130,13 @@ class GracefulStop(L.Callback):
                 saved = callback.save_step(trainer) or saved
         if signum == signal.SIGUSR1 and trainer.is_global_zero:
             requeue_slurm_job()
-        raise TrainingInterrupted(signum, trainer.global_step, saved)
+        # Raised when the next batch starts: Lightning logs this step's metrics (and runs its
+        # validation, when one is due) after this hook, and they belong to the run.
+        self._stop = TrainingInterrupted(signum, trainer.global_step, saved, trainer.is_global_zero)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._stop is not None:
+            raise self._stop
 
 
 def requeue_slurm_job() -> None:

@@ -12,7 +12,7 @@ The `logger` config group (conf/logger/) holds one node per logger, keyed by its
     tracking = log_run_end(trainer.loggers, hf_export=str(export_dir))  # finishes the wandb run
     # tracking: {"wandb": "<url>"} or, offline, {"wandb": "offline; upload: wandb sync <dir>"}
 
-Fine-tuning (pipeline/finetune.py) makes the same calls, for any run config with a `logger`
+Fine-tuning (pipeline/finetuning.py) makes the same calls, for any run config with a `logger`
 group and `paths`, and passes `group=` (and `project=`) from the pretraining checkpoint,
 `saved_wandb_run(checkpoint)` = {"id", "project", "group", "name"}, so that the fine-tunes of a
 checkpoint share its wandb group; `log_table(loggers, "results", columns, rows)` adds a results

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shlex
-import sys
 from pathlib import Path
 
 import lightning as L
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
@@ -31,9 +28,10 @@ from pipeline.checkpoints import (
     checkpoint_callbacks,
     resume_checkpoint,
 )
+from pipeline.cli import launcher_rank
 from pipeline.config import RunPlan
 from pipeline.families import family_named
-from pipeline.interrupt import GracefulStop, TrainingInterrupted
+from pipeline.interrupt import GracefulStop
 from pipeline.load import load_pretrained, read_checkpoint
 from pipeline.loggers import (
     build_loggers,
@@ -44,6 +42,7 @@ from pipeline.loggers import (
     tokenizer_fingerprint,
 )
 from pipeline.modules import PretrainModule
+from pipeline.run_folder import attempt_record, first_process
 from pipeline.strategies import best_precision
 from tokenizer import get_tokenizer
 
@@ -72,16 +71,6 @@ def build_trainer(
         ],
         plugins=[AtomicCheckpointIO()],
     )
-
-
-def launcher_rank() -> int:
-    """This process's global rank as set by an external launcher (torchrun, SLURM), else 0.
-    (Processes that Lightning's own launcher starts come after rank 0 has set things up.)"""
-    if "RANK" in os.environ:
-        return int(os.environ["RANK"])
-    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-        return int(os.environ.get("SLURM_PROCID", "0"))
-    return 0
 
 
 def sized_model_config(plan: RunPlan, tokenizer: Tokenizer):
@@ -135,12 +124,27 @@ def assemble(
     return module, datamodule, build_trainer(cfg, run_dir, extras, resume_id=resume_id)
 
 
+def resumed_tokenizer(resumed: dict | None, cfg: DictConfig) -> Tokenizer | None:
+    """The tokenizer a resumed checkpoint was trained with, when this run's tokenizer and data
+    settings are those it records (else None: the run gets its tokenizer as a fresh one would,
+    and `check_compatible` names any difference). Retraining it could differ: WordPiece
+    training breaks ties differently between processes, and caches may have been cleared."""
+    if resumed is None or "tokenizer" not in resumed:
+        return None
+    saved = resumed.get("config") or {}
+    ours = OmegaConf.to_container(cfg, resolve=True)
+    if any(saved.get(key) != ours.get(key) for key in ("tokenizer", "data")):
+        return None
+    log.info("resuming with the tokenizer stored in the checkpoint")
+    return Tokenizer.from_str(resumed["tokenizer"]["json"])
+
+
 def train(cfg: DictConfig, plan: RunPlan) -> None:
     L.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.paths.output_dir)
-    resume_from = resume_checkpoint(cfg.resume, run_dir)
+    resume_from = resume_checkpoint(cfg.resume, run_dir, first_process=first_process())
     resumed = read_checkpoint(resume_from) if resume_from is not None else None
-    tokenizer = get_tokenizer(
+    tokenizer = resumed_tokenizer(resumed, cfg) or get_tokenizer(
         plan.tokenizer, plan.corpus, cfg.paths.cache_dir, may_train=launcher_rank() == 0
     )
     module, datamodule, trainer = assemble(
@@ -161,12 +165,8 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         print(f"{plan.family} model, {module.parameter_count():,} parameters; run folder {run_dir}")
         if resume_from is not None:
             print(f"resuming from {resume_from}")
-    try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
-    except TrainingInterrupted as stop:
-        if trainer.is_global_zero:
-            print_interrupted(stop, cfg.run_name)
-        sys.exit(stop.exit_code)
+    # A signal ends `fit` with `TrainingInterrupted` (pipeline/interrupt.py), for the command.
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
     if trainer.is_global_zero:
         # From the final checkpoint, which holds the whole model under any strategy (under
         # FSDP each process only holds a shard of `module.model`).
@@ -174,16 +174,6 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         export_dir = export_hf(final.model, run_dir / "hf", tokenizer=tokenizer)
         tracking = log_run_end(trainer.loggers, hf_export=str(export_dir))
         print_summary(trainer, run_dir, export_dir, plan.family, tracking)
-
-
-def print_interrupted(stop: TrainingInterrupted, run_name: str) -> None:
-    """Where the stopped run's checkpoint is and the command that continues it."""
-    print(f"\n{stop}; checkpoint {stop.checkpoint}", file=sys.stderr)
-    overrides = [
-        o for o in HydraConfig.get().overrides.task if o.split("=")[0] not in ("run_name", "resume")
-    ]
-    command = shlex.join(["make", "pretrain", *overrides, f"run_name={run_name}", "resume=auto"])
-    print(f"continue with: {command}", file=sys.stderr)
 
 
 def print_summary(
@@ -203,7 +193,7 @@ def print_summary(
         "checkpoint": Path(last) if last else None,
         "HF export": export_dir,
         "metrics": run_dir / "logs" / "metrics.csv",
-        "config": run_dir / ".hydra" / "config.yaml",
+        "config": attempt_record(run_dir),
     }
     for label, path in places.items():
         if path is not None and path.exists():  # e.g. no metrics file when loggers are off

@@ -16,6 +16,7 @@ checks that need nothing but the command line before Hydra writes anything:
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from pipeline.cli import launcher_rank
 from pipeline.config import ConfigError, check_run_name
 from pipeline.results import RESULTS
 
@@ -73,6 +75,10 @@ class RunFolderGuard(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.output_subdir is None:  # a command that keeps no run record
             return
+        if not first_process():  # the other processes of a run leave its record to the first
+            with read_write(config.hydra), open_dict(config.hydra):
+                config.hydra.output_subdir = None
+            return
         HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in the folder name
         try:
             check_run_name(config.get("run_name"))
@@ -85,3 +91,20 @@ class RunFolderGuard(Callback):
             stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = f"{RECORD_DIR}/resume-{stamp}"
+
+
+def first_process() -> bool:
+    """Whether this is the first process of a run (or its only one), the one that writes the
+    run's record and moves damaged files aside: global rank 0 of an external launcher
+    (torchrun, SLURM) and not a process that Lightning's launcher started (LOCAL_RANK > 0)."""
+    return launcher_rank() == 0 and int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+
+def attempt_record(run_dir: Path) -> Path:
+    """The config record of this attempt at the run: `.hydra/config.yaml`, or a resumed
+    attempt's `.hydra/resume-<time>/config.yaml` (outside a Hydra job: the first)."""
+    try:
+        subdir = HydraConfig.get().output_subdir or RECORD_DIR
+    except ValueError:
+        subdir = RECORD_DIR
+    return run_dir / subdir / "config.yaml"

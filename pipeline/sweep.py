@@ -20,7 +20,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from pipeline.results import FinetuneResults
+from pipeline.results import FinetuneResults, ResultsError
 from pipeline.seeds import summarize_seeds
 from tokenizer import write_text_atomic
 
@@ -107,7 +107,7 @@ class SweepSummary(Callback):
         folder = Path(config.hydra.sweep.dir)
         try:
             rows = summarize_sweep(folder)
-        except FileNotFoundError as err:
+        except (FileNotFoundError, ResultsError) as err:
             log.warning("%s", err)
             return
         print(f"\nsweep summary (median and spread over seeds), {folder}:")

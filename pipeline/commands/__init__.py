@@ -7,7 +7,7 @@ print the summary), run as `python -m pipeline.commands.<name>`. No module impor
     predict    pipeline.finetuning.predict      make predict
     generate   pipeline.generation              make generate
     fill_mask  pipeline.mask_filling            make fill-mask
-    prepare    datamodules.store_build          make prepare
+    prepare    datamodules.pretrain             make prepare
     tokenizer  tokenizer                        make tokenizer
     report     pipeline.report                  make report
 """

@@ -22,7 +22,7 @@ from tests.conftest import CONF, compose_pretrain
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "task")
 FILE_DATA = {"text_files", "jsonl", "parquet", "wikitext2"}
 GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine"}
-# adamw_finetune leaves lr to pipeline/finetune.py (by model width); tests/pipeline/test_finetune.py
+# adamw_finetune leaves lr to pipeline/finetuning.py (by model width); tests/pipeline/test_finetune.py
 FINETUNE_ONLY = {("optim", "adamw_finetune")}
 OPTIONS = [
     (g, p.stem)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from pipeline.cli import overrides_from_make, parse_makeflags
+from pipeline.cli import make_command, overrides_from_make, parse_makeflags
 from tests.conftest import REPO
 
 TRICKY_ARGS = [
@@ -279,3 +279,18 @@ def test_make_passes_sigterm_on_to_the_run(tmp_path):
     while not (tmp_path / "got").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (tmp_path / "got").read_text().strip() == "TERM"
+
+
+def test_printed_make_commands_paste_back_as_the_same_overrides(tmp_path):
+    """`~key` removals go in ARGS (make would take them for targets); values are quoted."""
+    overrides = ["model=gpt", "~logger.csv", "prompt=a b", "run_name=x"]
+    command = make_command("pretrain", overrides)
+    assert command == "make pretrain model=gpt 'prompt=a b' run_name=x 'ARGS=~logger.csv'"
+    (tmp_path / "Makefile").write_text("pretrain:\n\t@printf '%s' \"$$MAKEFLAGS\" > flags.txt\n")
+    inherited = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    env = {k: v for k, v in os.environ.items() if k not in inherited}
+    subprocess.run(
+        ["sh", "-c", command.replace("make ", "make -s ", 1)], cwd=tmp_path, env=env, check=True
+    )
+    pasted = overrides_from_make((tmp_path / "flags.txt").read_text())
+    assert sorted(pasted) == sorted(overrides)

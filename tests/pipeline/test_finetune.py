@@ -320,6 +320,9 @@ def test_long_documents_get_one_prediction_each(mode, bert_ckpt, tmp_path):
     docs = tmp_path / "docs.jsonl"
     lines = (LONG_DOCS / "imdb_long_train.jsonl").read_text().splitlines()[:5]
     docs.write_text("\n".join(lines) + "\n")
+    # evaluate needs no file to label (the task's predict settings are for predict only)
+    scored = evaluate(compose_config("evaluate", f"ckpt={run_dir}", "datamodule.max_examples=4"))
+    assert set(scored["dev"]) >= {"accuracy", "f1"}
     cfg = compose_config("predict", f"ckpt={run_dir}", f"predict.file={docs}")
     [path] = predict(cfg)
     with open(path) as handle:

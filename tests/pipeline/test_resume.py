@@ -167,6 +167,8 @@ def test_a_signalled_run_saves_its_step_and_resumes_exactly(signum, micro_batche
     last = torch.load(tmp_path / f"out/bert-tiny/{name}/checkpoints/last.ckpt", weights_only=True)
     stopped_at = int(stderr.split("after step ")[1].split(";")[0])
     assert last["global_step"] == stopped_at >= 10
+    # the stopped step's metrics were logged before the process stopped
+    assert max(train_losses(tmp_path / f"out/bert-tiny/{name}")) == stopped_at
     start = assert_resumes_exactly(tmp_path, run, name, reference_dir)
     assert start == stopped_at  # resumed from the step the signal saved, not an older one
 
@@ -361,3 +363,25 @@ def test_a_run_name_that_is_not_one_folder_is_refused_before_anything_is_written
     result = run_pretrain(tmp_path, "model=gpt-tiny", "debug=smoke", f"run_name={name}")
     assert result.returncode == 2 and f"run_name={name!r} is not a folder name" in result.stderr
     assert not (tmp_path / "out").exists()  # no folder made, inside outputs or out of it
+
+
+def test_resume_auto_stops_when_no_checkpoint_can_be_read(tmp_path):
+    """Rather than start a run over in its own folder when every checkpoint is damaged."""
+    from pipeline.checkpoints import resume_checkpoint
+    from pipeline.config import ConfigError
+
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "last.ckpt").write_bytes(b"torn")
+    (checkpoints / "step0000005.ckpt").write_bytes(b"torn too")
+    with pytest.raises(ConfigError, match="none of the checkpoints .* can be read"):
+        resume_checkpoint("auto", tmp_path)
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "last.ckpt.damaged",
+        "step0000005.ckpt.damaged",
+    ]
+    assert resume_checkpoint("auto", tmp_path) is None  # told once; the folder starts afresh
+    (checkpoints / "step0000005.ckpt").write_bytes(b"torn")
+    with pytest.raises(ConfigError):
+        resume_checkpoint("auto", tmp_path, first_process=False)
+    assert (checkpoints / "step0000005.ckpt").exists()  # only the first process moves files
