@@ -98,16 +98,13 @@ class GracefulStop(L.Callback):
 
     # --- Lightning hooks ---
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        # From the start of `fit`, before the checkpoint is restored and the sanity check runs,
-        # so that no signal reaches Lightning's own handlers in between.
-        if stage == "fit":
-            self.received = None
-            self._stop = None
-            self._install()
-
-    def teardown(self, trainer, pl_module, stage: str) -> None:
-        self._restore()
+    def on_train_start(self, trainer, pl_module) -> None:
+        # Not earlier (at `setup`): Lightning registers its own SIGTERM handler after setup and
+        # would wrap ours, then stop the run its own way (no checkpoint, exit 0). Until training
+        # starts (checkpoint restore, sanity validation) a signal goes to Lightning's handlers.
+        self.received = None
+        self._stop = None
+        self._install()
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._restore()
