@@ -49,7 +49,7 @@ from pipeline.loggers import (
     tokenizer_fingerprint,
 )
 from pipeline.results import RESULTS, BestCheckpoint, FinalScores, FinetuneResults
-from pipeline.run_folder import refuse_overwrite
+from pipeline.run_folder import CHECKPOINT_DIR, refuse_overwrite
 from pipeline.strategies import best_precision
 from pipeline.task_module import (
     Finetuned,
@@ -198,7 +198,7 @@ def finetune(cfg: DictConfig) -> FinetuneResults:
         backbone, head, datamodule.eval_splits, optimizer, instantiate(cfg.schedule)
     )
     checkpoint = ModelCheckpoint(
-        dirpath=run_dir / "checkpoints",
+        dirpath=run_dir / CHECKPOINT_DIR,
         filename="best",
         monitor=module.main_metric_key,
         mode="max",
@@ -223,12 +223,7 @@ def finetune(cfg: DictConfig) -> FinetuneResults:
         precision=cfg.trainer.precision or best_precision(),
         logger=loggers or False,
         callbacks=[
-            CheckpointExtras(
-                tokenizer,
-                kind,
-                config,
-                trained_seq_len=trained,
-            ),
+            CheckpointExtras(tokenizer, kind, config, trained_seq_len=trained),
             checkpoint,
             *progress_bar(cfg.trainer),
         ],
@@ -244,9 +239,9 @@ def finetune(cfg: DictConfig) -> FinetuneResults:
             tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
             task=task.name,
         )
-        source = f"random init ({family} as in {cfg.ckpt})" if cfg.from_scratch else cfg.ckpt
+        origin = f"random init ({family} as in {cfg.ckpt})" if cfg.from_scratch else cfg.ckpt
         print(
-            f"fine-tuning {family} ({source}) on {task.name}: "
+            f"fine-tuning {family} ({origin}) on {task.name}: "
             f"{len(datamodule.examples(task.train_split)):,} training examples, "
             f"eval on {', '.join(datamodule.eval_splits)}; lr {lr:g}; run folder {run_dir}"
         )
@@ -443,7 +438,7 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
 
 def run_folder_of(checkpoint: Path) -> Path:
     return (
-        checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+        checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINT_DIR else checkpoint.parent
     )
 
 
