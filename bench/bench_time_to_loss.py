@@ -133,6 +133,7 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
         f"paths.cache_dir={work / 'cache'}",
         f"paths.output_root={work / 'runs'}",
         f"trainer.limit_val_batches={args.val_batches}",
+        "trainer.budget=null",  # both sides are sized in steps here, from their own timing
         *device_overrides(args.device, args.dtype),
         *args.overrides,
     ]

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from datamodules.corpus import CorpusError
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from models.config import BertConfig, GPTConfig
+from pipeline.budget import budget_seconds
 from pipeline.families import UnknownFamilyError, family_of_config
 from pipeline.schedules import resolve_warmup
 from tokenizer import TokenizerSpec
@@ -95,6 +96,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
     _check_positions(model.max_seq_len, objective.seq_len)
     _check_optimizer(cfg.optim)
     _check_trainer(cfg.trainer)
+    _check_budget(cfg.trainer, cfg.schedule)
     _check_run(cfg)
     try:
         resolve_warmup(cfg.trainer.max_steps, cfg.schedule.warmup_steps, cfg.schedule.warmup_ratio)
@@ -125,6 +127,28 @@ def _check_positions(max_seq_len: int, seq_len: int) -> None:
             max_seq_len - 1,
             seq_len,
             max_seq_len,
+        )
+
+
+def _check_budget(trainer: DictConfig, schedule: DictConfig) -> None:
+    """A time budget paces the schedule (pipeline/budget.py): it replaces `max_time`, and the
+    warmup must be a fraction of the run, whose length in steps is not known in advance."""
+    try:
+        seconds = budget_seconds(trainer)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    if seconds is None:
+        return
+    if trainer.max_time is not None:
+        raise ConfigError(
+            f"trainer.budget={trainer.budget} and trainer.max_time={trainer.max_time} are both "
+            "set; keep one: the budget also stops the run at its deadline (trainer.max_time=null)"
+        )
+    if schedule.get("warmup_steps") is not None:
+        raise ConfigError(
+            f"schedule.warmup_steps={schedule.warmup_steps} is a step count, but a run with "
+            "trainer.budget does not know its steps in advance; give the warmup as a fraction "
+            "of the run: schedule.warmup_steps=null schedule.warmup_ratio=0.05"
         )
 
 

@@ -27,6 +27,7 @@ TESTED_WITH = "2.6"
 INTERNALS: tuple[tuple[type, str], ...] = (
     (_TrainingEpochLoop, "_should_accumulate"),
     (_TrainingEpochLoop, "_batches_that_stepped"),
+    (_TrainingEpochLoop, "max_steps"),
     (ModelCheckpoint, "_monitor_candidates"),
     (ModelCheckpoint, "_save_topk_checkpoint"),
     (ModelCheckpoint, "_save_last_checkpoint"),
@@ -79,6 +80,11 @@ def step_boundary(trainer: L.Trainer) -> bool:
 def set_logging_step(trainer: L.Trainer, step: int) -> None:
     """Make the step that loggers see `step` (Lightning counts it apart from `global_step`)."""
     trainer.fit_loop.epoch_loop._batches_that_stepped = step
+
+
+def set_max_steps(trainer: L.Trainer, steps: int) -> None:
+    """Stop training after `steps` optimizer steps (`trainer.max_steps` is read-only)."""
+    trainer.fit_loop.epoch_loop.max_steps = steps
 
 
 # --- checkpoint callbacks -----------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shlex
+from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
@@ -20,6 +21,7 @@ from tokenizers import Tokenizer
 
 from datamodules.pretrain import PretrainDataModule
 from models.hf import export_hf
+from pipeline.budget import Pace, TimeBudget, budget_seconds
 from pipeline.callbacks import Throughput
 from pipeline.checkpoints import (
     AtomicCheckpointIO,
@@ -50,21 +52,34 @@ log = logging.getLogger(__name__)
 
 
 def build_trainer(
-    cfg: DictConfig, run_dir: Path, extras: L.Callback, *, resume_id: str | None = None
+    cfg: DictConfig,
+    run_dir: Path,
+    extras: L.Callback,
+    *,
+    pace: Pace | None = None,
+    resume_id: str | None = None,
 ) -> L.Trainer:
-    """The Trainer of a run; `resume_id`: the wandb run to continue (see pipeline/loggers.py)."""
+    """The Trainer of a run; `pace`: the schedule's, when the run has a time budget;
+    `resume_id`: the wandb run to continue (see pipeline/loggers.py)."""
     accumulate = cfg.trainer.accumulate_grad_batches
     # optimizer steps -> the micro-batches Lightning counts
     val_every = cfg.trainer.val_check_interval * accumulate
     loggers = build_loggers(cfg, run_dir, job_type="pretrain", resume_id=resume_id)
+    budget = budget_seconds(cfg.trainer)
+    sized = [TimeBudget(budget, pace)] if budget is not None and pace is not None else []
+    arguments = OmegaConf.to_container(cfg.trainer, resolve=True)
+    arguments.pop("budget", None)  # the run's, not Lightning's
     return instantiate(
-        cfg.trainer,
+        arguments,
         precision=cfg.trainer.precision or best_precision(),
         val_check_interval=val_every,
+        # a backstop: the budget's plan ends the run before it
+        max_time=timedelta(seconds=budget) if budget is not None else cfg.trainer.max_time,
         logger=loggers or False,
         callbacks=[
             Throughput(),
             extras,
+            *sized,
             GracefulStop(),
             *progress_bar(cfg.trainer),
             *checkpoint_callbacks(run_dir, **cfg.checkpoint),
@@ -107,10 +122,12 @@ def assemble(
     (`resume_id`: the wandb run that a resumed run continues)."""
     model_config = sized_model_config(plan, tokenizer)
     datamodule = build_datamodule(cfg, plan, tokenizer)
+    # a run with a time budget paces its schedule by the steps the budget holds
+    pace = Pace(cfg.trainer.max_steps) if budget_seconds(cfg.trainer) is not None else None
     module = family_named(plan.family).module_class(
         model_config,
         optimizer=instantiate(cfg.optim),
-        scheduler=instantiate(cfg.schedule),
+        scheduler=instantiate(cfg.schedule, pace=pace),
         max_nonfinite_steps=cfg.module.max_nonfinite_steps,
     )
     if cfg.module.compile:
@@ -121,7 +138,8 @@ def assemble(
         OmegaConf.to_container(cfg, resolve=True),
         trained_seq_len=plan.objective.seq_len,
     )
-    return module, datamodule, build_trainer(cfg, run_dir, extras, resume_id=resume_id)
+    trainer = build_trainer(cfg, run_dir, extras, pace=pace, resume_id=resume_id)
+    return module, datamodule, trainer
 
 
 def resumed_tokenizer(resumed: dict | None, cfg: DictConfig) -> Tokenizer | None:

@@ -3,14 +3,21 @@ step (`conf/schedule/*.yaml`; the LightningModule binds the optimizer and the to
 
 Warmup is linear and reaches the peak at the end of the warmup: step s (0-based) of warmup w runs
 at (s + 1) / w of the peak, so the first update already learns (a factor of 0 would waste it).
+
+`pace` (a run sized to a time budget, `pipeline.budget.Pace`) maps optimizer steps done to the
+schedule's steps: optimizer step s runs at the rate of the schedule step that ends where it ends,
+`pace(s + 1) - 1` (s itself without a pace), which need not be a whole number.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
+
+Pace = Callable[[int], float]
 
 
 def resolve_warmup(total_steps: int, warmup_steps: int | None, warmup_ratio: float | None) -> int:
@@ -35,8 +42,14 @@ def resolve_warmup(total_steps: int, warmup_steps: int | None, warmup_ratio: flo
     return min(int(warmup_steps), total_steps)
 
 
-def _warmup_factor(step: int, warmup: int) -> float | None:
+def _warmup_factor(step: float, warmup: int) -> float | None:
     return (step + 1) / warmup if step < warmup else None
+
+
+def _stepped(optimizer: Optimizer, factor: Callable[[float], float], pace: Pace | None) -> LambdaLR:
+    if pace is None:
+        return LambdaLR(optimizer, factor)
+    return LambdaLR(optimizer, lambda step: factor(pace(step + 1) - 1))
 
 
 def warmup_linear_decay(
@@ -44,16 +57,17 @@ def warmup_linear_decay(
     total_steps: int,
     warmup_steps: int | None = None,
     warmup_ratio: float | None = None,
+    pace: Pace | None = None,
 ) -> LambdaLR:
     """Linear warmup to the peak, then linear decay to 0 at `total_steps` (BERT)."""
     warmup = resolve_warmup(total_steps, warmup_steps, warmup_ratio)
     decay = max(1, total_steps - warmup)
 
-    def factor(step: int) -> float:
+    def factor(step: float) -> float:
         rising = _warmup_factor(step, warmup)
         return rising if rising is not None else max(0.0, (total_steps - step) / decay)
 
-    return LambdaLR(optimizer, factor)
+    return _stepped(optimizer, factor, pace)
 
 
 def warmup_cosine(
@@ -62,6 +76,7 @@ def warmup_cosine(
     warmup_steps: int | None = None,
     warmup_ratio: float | None = None,
     min_lr_ratio: float = 0.1,
+    pace: Pace | None = None,
 ) -> LambdaLR:
     """Linear warmup to the peak, then cosine decay to `min_lr_ratio` x peak (GPT)."""
     if not 0 <= min_lr_ratio <= 1:
@@ -69,11 +84,11 @@ def warmup_cosine(
     warmup = resolve_warmup(total_steps, warmup_steps, warmup_ratio)
     decay = max(1, total_steps - warmup)
 
-    def factor(step: int) -> float:
+    def factor(step: float) -> float:
         rising = _warmup_factor(step, warmup)
         if rising is not None:
             return rising
         progress = min(1.0, (step - warmup) / decay)
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    return LambdaLR(optimizer, factor)
+    return _stepped(optimizer, factor, pace)

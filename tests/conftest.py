@@ -30,13 +30,15 @@ def compose_pretrain(*overrides: str, hydra_node: bool = False) -> DictConfig:
     return cfg
 
 
-def pretrain_command(tmp_path: Path, *overrides: str) -> list[str]:
-    """`python -m pipeline.commands.pretrain` with caches and outputs under tmp_path, no progress bar
-    (outputs land in `tmp_path/out/<model>/<run_name>`)."""
+def pretrain_command(
+    tmp_path: Path, *overrides: str, entry: str = "pipeline.commands.pretrain"
+) -> list[str]:
+    """`python -m pipeline.commands.pretrain` (or another `entry` module) with caches and outputs
+    under tmp_path, no progress bar (outputs land in `tmp_path/out/<model>/<run_name>`)."""
     return [
         sys.executable,
         "-m",
-        "pipeline.commands.pretrain",
+        entry,
         f"paths.cache_dir={tmp_path}/cache",
         f"paths.output_root={tmp_path}/out",
         "+trainer.enable_progress_bar=false",
@@ -55,12 +57,17 @@ CLI_ENV = {
 
 
 def run_pretrain(
-    tmp_path: Path, *overrides: str, timeout: float = 600, env: dict | None = None, stdin=None
+    tmp_path: Path,
+    *overrides: str,
+    timeout: float = 600,
+    env: dict | None = None,
+    stdin=None,
+    entry: str = "pipeline.commands.pretrain",
 ):
-    """Run the pretraining CLI to completion (environment `env`, default `CLI_ENV`; `stdin`, a
-    file descriptor, default the test's); returns the CompletedProcess."""
+    """Run the pretraining CLI (`entry`) to completion (environment `env`, default `CLI_ENV`;
+    `stdin`, a file descriptor, default the test's); returns the CompletedProcess."""
     return subprocess.run(
-        pretrain_command(tmp_path, *overrides),
+        pretrain_command(tmp_path, *overrides, entry=entry),
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -75,10 +75,11 @@ def shared_runs(tmp_path_factory):
     return base, reference
 
 
-def interrupt_mid_run(tmp_path: Path, run: tuple[str, ...], name: str, signum: int):
-    """Start a run, send it `signum` once its step-10 checkpoint exists; the finished process."""
+def interrupt_mid_run(tmp_path: Path, run: tuple[str, ...], name: str, signum: int, **entry):
+    """Start a run (`entry=`: another CLI module), send it `signum` once its step-10 checkpoint
+    exists; the finished process."""
     process = subprocess.Popen(
-        pretrain_command(tmp_path, *run, f"run_name={name}"),
+        pretrain_command(tmp_path, *run, f"run_name={name}", **entry),
         cwd=REPO,
         env=CLI_ENV,
         stdout=subprocess.DEVNULL,
@@ -91,26 +92,29 @@ def interrupt_mid_run(tmp_path: Path, run: tuple[str, ...], name: str, signum: i
     return process
 
 
-def assert_resumes_exactly(tmp_path: Path, run, name: str, reference_dir: Path) -> int:
-    """Resume run `name` with resume=auto; its losses from the resume point on and its final
-    weights equal the uninterrupted reference's. Returns the step it resumed from."""
+def assert_resumes_exactly(
+    tmp_path: Path, run, name: str, reference_dir: Path, steps: int = STEPS, **entry
+) -> int:
+    """Resume run `name` with resume=auto (`entry=`: another CLI module); its losses from the
+    resume point on (to step `steps`) and its final weights equal the uninterrupted reference's.
+    Returns the step it resumed from."""
     run_dir = tmp_path / f"out/bert-tiny/{name}"
     before = {p.name for p in (run_dir / "checkpoints").iterdir()}
-    resumed = run_pretrain(tmp_path, *run, f"run_name={name}", "resume=auto")
+    resumed = run_pretrain(tmp_path, *run, f"run_name={name}", "resume=auto", **entry)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout
     start = torch.load(resumed.stdout.split("resuming from ")[1].split()[0], weights_only=True)[
         "global_step"
     ]
-    assert 10 <= start < STEPS
+    assert 10 <= start < steps
     # Only whole steps are saved: nothing new right after resuming (e.g. mid-step).
     new = {p.name for p in (run_dir / "checkpoints").iterdir()} - before
     assert f"step{start:07d}-v1.ckpt" not in new
 
     expected = train_losses(reference_dir)
     got = train_losses(run_dir)
-    assert sorted(s for s in got if s > start) == list(range(start + 1, STEPS + 1))
-    for step in range(start + 1, STEPS + 1):  # CPU kernels here are deterministic: equal
+    assert sorted(s for s in got if s > start) == list(range(start + 1, steps + 1))
+    for step in range(start + 1, steps + 1):  # CPU kernels here are deterministic: equal
         assert got[step] == expected[step], (step, got[step], expected[step])
 
     final = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
@@ -171,6 +175,24 @@ def test_a_signalled_run_saves_its_step_and_resumes_exactly(signum, micro_batche
     assert max(train_losses(tmp_path / f"out/bert-tiny/{name}")) == stopped_at
     start = assert_resumes_exactly(tmp_path, run, name, reference_dir)
     assert start == stopped_at  # resumed from the step the signal saved, not an older one
+
+
+def test_killed_run_with_a_time_budget_resumes_exactly(shared_runs):
+    """trainer.budget: the plan made before the kill is in the checkpoint, and the resumed run
+    makes the rest of it as the uninterrupted run did. A clock ticking once per step (one
+    second a tick, tests/pipeline/fake_clock_pretrain.py) makes every run's decisions equal:
+    a 45 s budget less its 3% margin holds 43 steps."""
+    tmp_path, _ = shared_runs
+    run = (*RUN, "trainer.budget=45s", "trainer.max_steps=1000")
+    entry = {"entry": "tests.pipeline.fake_clock_pretrain"}
+    done = run_pretrain(tmp_path, *run, "run_name=budget-reference", **entry)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference_dir = tmp_path / "out/bert-tiny/budget-reference"
+    steps = max(train_losses(reference_dir))
+    assert steps == 43  # the plan, far below max_steps
+    process = interrupt_mid_run(tmp_path, run, "budget-killed", signal.SIGKILL, **entry)
+    assert process.returncode == -signal.SIGKILL
+    assert_resumes_exactly(tmp_path, run, "budget-killed", reference_dir, steps, **entry)
 
 
 def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_named(tmp_path):

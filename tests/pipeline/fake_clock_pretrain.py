@@ -1,0 +1,16 @@
+"""`python -m pipeline.commands.pretrain`, with the time budget's clock replaced by one that
+advances one second per reading (the budget reads it once at the start and once per optimizer
+step), so that a run's budget decisions are the same in every process that runs it.
+
+    python -m tests.pipeline.fake_clock_pretrain trainer.budget=45s ...
+"""
+
+import itertools
+import runpy
+
+import pipeline.budget
+
+if __name__ == "__main__":
+    ticks = itertools.count()
+    pipeline.budget.clock = lambda: float(next(ticks))
+    runpy.run_module("pipeline.commands.pretrain", run_name="__main__")

@@ -1,0 +1,119 @@
+"""Runs sized to a time budget (pipeline/budget.py): durations, the pace that maps steps onto
+the schedule, and real runs whose schedule ends on time, even with artificially slow steps.
+(Exact resume in budget mode: tests/pipeline/test_resume.py.)"""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Timer
+
+from pipeline.budget import Pace, TimeBudget, parse_duration
+from pipeline.config import ConfigError, check_config
+from pipeline.schedules import warmup_cosine
+from tests.conftest import compose_pretrain
+from tests.pipeline.test_modules import logged, tiny_run
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90), ("20m", 1200), ("1.5h", 5400), ("1h30m", 5400), ("00:01:30:00", 5400), (45, 45)],
+)
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0s", "20 minutes", "1:30", "-5m", "m"])
+def test_bad_durations_are_refused_with_examples(text):
+    with pytest.raises(ValueError, match="trainer.budget=20m"):
+        parse_duration(text)
+
+
+def test_pace_bends_without_jumps_and_ends_the_schedule_at_the_planned_step():
+    pace = Pace(1000)
+    assert pace(7) == 7  # no plan yet: the schedule's own steps
+    pace.replan(4, 104)  # after 4 steps; the 5th step's rate was set already: bend after it
+    assert pace(5) == 5 and pace(104) == 1000 and pace(500) == 1000
+    before = pace(51)
+    pace.replan(50, 80)  # slower than planned: fewer steps, the same point of the schedule
+    assert pace(51) == before and pace(80) == 1000
+    # steps before a re-plan keep their mapping
+    assert pace(30) == pytest.approx(5 + 25 * (1000 - 5) / 99, rel=1e-12)
+    next_step = pace(61)
+    pace.replan(60, 61)  # out of time: one step left, whose rate was set already
+    assert pace(61) == next_step and pace(62) == 1000
+    restored = Pace(1000)
+    restored.load_state_dict(pace.state_dict())
+    assert [restored(s) for s in range(0, 90, 7)] == [pace(s) for s in range(0, 90, 7)]
+
+
+def test_paced_schedule_reaches_its_final_rate_at_the_planned_step():
+    pace = Pace(10_000)
+    pace.replan(0, 40)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = warmup_cosine(optimizer, 10_000, warmup_ratio=0.1, min_lr_ratio=0.1, pace=pace)
+    rates = []
+    for _ in range(40):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    # The first step's rate is set before any plan (a tiny first warmup step), then the warmup,
+    # 10% of the schedule, takes 10% of the 40 steps.
+    assert rates[0] == pytest.approx(1 / 1000)
+    assert rates[1] < rates[2] < rates[3] < 1 and rates[4] == pytest.approx(1.0, abs=0.01)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)  # after the last step
+
+
+class SlowSteps(L.Callback):
+    """Adds `seconds` to every training batch."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args) -> None:
+        time.sleep(self.seconds)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.06], ids=["as-is", "slowed"])
+def test_a_budgeted_run_ends_its_schedule_within_the_budget(tmp_path, delay, small_docs):
+    budget = 8.0
+    module, datamodule, trainer = tiny_run(
+        tmp_path,
+        small_docs,
+        "model=gpt-tiny",
+        f"trainer.budget={budget}s",
+        "trainer.max_steps=100000",
+        "objective.batch_size=4",
+        "checkpoint.every_n_steps=10000",
+    )
+    trainer.callbacks.append(SlowSteps(delay))
+    trainer.fit(module, datamodule=datamodule)
+    sized = next(c for c in trainer.callbacks if isinstance(c, TimeBudget))
+    timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
+    # ended by its plan (not cut by the max_time backstop), within the budget
+    assert trainer.global_step == sized.pace.planned < 100_000
+    assert timer.time_elapsed("train") <= budget
+    # ... with the schedule complete: the last step ran at cosine's floor, 0.1 x the peak
+    rates = logged(tmp_path / "run", "train/lr")
+    assert len(rates) == trainer.global_step
+    assert rates[-1] == pytest.approx(0.1 * max(rates), rel=0.02)
+    assert max(rates) > 0.95 * module.trainer.optimizers[0].param_groups[0]["initial_lr"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.budget=soon"], "is not a positive duration"),
+        (["trainer.budget=10m", "trainer.max_time=00:00:10:00"], "keep one"),
+        (
+            ["trainer.budget=10m", "schedule.warmup_steps=100", "schedule.warmup_ratio=null"],
+            "schedule.warmup_steps=null schedule.warmup_ratio=0.05",
+        ),
+    ],
+)
+def test_budget_settings_that_cannot_work_are_named(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_config(compose_pretrain(*overrides))
