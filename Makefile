@@ -32,7 +32,7 @@ TCMALLOC_PRELOAD = $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC) TCMALLOC_LARGE_ALLOC_
 RUN     = LMPIPE_FROM_MAKE=1 $(PRELOAD) exec $(PY) -m
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock pretrain generate fill-mask finetune evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-gpu bench-memory lint format clean
+.PHONY: help setup lock pretrain generate evaluate-lm fill-mask finetune evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-gpu bench-memory lint format clean
 
 help:  ## List the targets
 	@echo "usage: make <target> [hydra overrides...]   e.g. make pretrain model=gpt trainer.max_steps=50"
@@ -62,6 +62,9 @@ pretrain: $(STAMP)  ## Pretrain a model: make pretrain model=bert|gpt [overrides
 
 generate: $(STAMP)  ## Sample from a trained GPT: make generate ckpt=PATH prompt="..."
 	$(RUN) pipeline.commands.generate
+
+evaluate-lm: $(STAMP)  ## A causal model's bits per byte on a text: make evaluate-lm ckpt=PATH file=TEXT
+	$(RUN) pipeline.commands.evaluate_lm
 
 fill-mask: $(STAMP)  ## A trained BERT's guesses: make fill-mask ckpt=PATH text="... [MASK] ..."
 	$(RUN) pipeline.commands.fill_mask

@@ -22,6 +22,8 @@ GPT (`GPTBatches`), T = objective.seq_len:
     targets          (B, T)  the same window shifted by one (`GPT.forward(targets=...)`)
     doc_ids          (B, T)  segment ids, only with document_masking (see `packing`)
     position_ids     (B, T)  positions restarting per segment, only with document_masking
+    target_bytes     (1,)    UTF-8 bytes of text the targets stand for, only when the dataset
+                             has the tokenizer's byte counts (validation, for bits per byte)
 """
 
 from __future__ import annotations
@@ -297,6 +299,8 @@ class GPTBatches(EpochBatches):
         store: a GPT store (documents end with EOS).
         documents: the split's document indices.
         objective: the causal-LM settings.
+        token_bytes: (vocab,) bytes of text per token id (`tokenizer.token_bytes`): batches
+            then carry `target_bytes`.
         **shard: the keyword arguments of `EpochBatches`.
     """
 
@@ -305,6 +309,7 @@ class GPTBatches(EpochBatches):
         store: TokenStore,
         documents: np.ndarray,
         objective: CausalLMObjective,
+        token_bytes: np.ndarray | None = None,
         **shard,
     ) -> None:
         if store.eos_id is None:
@@ -313,6 +318,7 @@ class GPTBatches(EpochBatches):
         self.stream = PackedStream(store.tokens, store.doc_offsets, documents)
         self.objective = objective
         self.eos_id = store.eos_id
+        self.token_bytes = token_bytes
         windows = self.stream.num_windows(objective.seq_len)
         if windows == 0:
             raise DataSetupError(
@@ -329,6 +335,8 @@ class GPTBatches(EpochBatches):
         batch = {"input_ids": windows[:, :-1], "targets": windows[:, 1:]}
         if self.objective.document_masking:
             batch["doc_ids"], batch["position_ids"] = document_ids(batch["input_ids"], self.eos_id)
+        if self.token_bytes is not None:
+            batch["target_bytes"] = self.token_bytes[batch["targets"]].sum()
         return _int64(batch)
 
     def loss_counts(self, batch: dict[str, np.ndarray]) -> dict[str, int]:

@@ -45,6 +45,7 @@ from datamodules.sharding import EpochSampler, split_documents
 from datamodules.store import StoreSettings, TokenStore
 from datamodules.store_build import StoreStats, open_or_build_store, store_path
 from tokenizer import SpecialIds, special_ids
+from tokenizer.token_bytes import token_byte_counts
 
 log = logging.getLogger(__name__)
 
@@ -390,7 +391,9 @@ class PretrainDataModule(L.LightningDataModule):
 
     def _batches(self, store: TokenStore, documents: np.ndarray, **shard) -> EpochBatches:
         if isinstance(self.objective, CausalLMObjective):
-            return GPTBatches(store, documents, self.objective, **shard)
+            # validation batches count the bytes of text they predict (for bits per byte)
+            counts = token_byte_counts(self.tokenizer) if shard["split"] == VAL else None
+            return GPTBatches(store, documents, self.objective, token_bytes=counts, **shard)
         continuation = (
             continuation_table(self.tokenizer) if self.objective.whole_word_masking else None
         )

@@ -10,6 +10,7 @@ schedule, and the guard against non-finite steps.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -335,7 +336,7 @@ class GPTPretraining(PretrainModule):
         return GPT(config)
 
     def metric_names(self) -> list[str]:
-        return ["loss"]
+        return ["loss", "bits_per_byte"]
 
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, int]]:
         out = self.model(
@@ -344,4 +345,11 @@ class GPTPretraining(PretrainModule):
             doc_ids=batch.get("doc_ids"),
             position_ids=batch.get("position_ids"),
         )
-        return {"loss": (out.loss, batch["targets"].numel())}
+        predicted = batch["targets"].numel()
+        results = {"loss": (out.loss, predicted)}
+        if "target_bytes" in batch:  # validation batches: weighted by bytes, the mean over
+            # batches is all nats / all bytes / ln 2 (loss / ln 2 x tokens per byte)
+            text_bytes = batch["target_bytes"].sum()
+            bits = out.loss * predicted / (text_bytes.clamp(min=1) * math.log(2))
+            results["bits_per_byte"] = (bits, text_bytes)
+        return results

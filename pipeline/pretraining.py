@@ -51,6 +51,13 @@ from tokenizer import get_tokenizer
 log = logging.getLogger(__name__)
 
 
+def trainer_arguments(trainer: DictConfig) -> dict:
+    """The `trainer` config as Lightning's Trainer takes it (`budget` is the run's own)."""
+    arguments = OmegaConf.to_container(trainer, resolve=True)
+    arguments.pop("budget", None)
+    return arguments
+
+
 def build_trainer(
     cfg: DictConfig,
     run_dir: Path,
@@ -67,10 +74,8 @@ def build_trainer(
     loggers = build_loggers(cfg, run_dir, job_type="pretrain", resume_id=resume_id)
     budget = budget_seconds(cfg.trainer)
     sized = [TimeBudget(budget, pace)] if budget is not None and pace is not None else []
-    arguments = OmegaConf.to_container(cfg.trainer, resolve=True)
-    arguments.pop("budget", None)  # the run's, not Lightning's
     return instantiate(
-        arguments,
+        trainer_arguments(cfg.trainer),
         precision=cfg.trainer.precision or best_precision(),
         val_check_interval=val_every,
         # a backstop: the budget's plan ends the run before it

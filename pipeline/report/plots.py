@@ -55,6 +55,12 @@ PRETRAIN_PLOTS = (
         ("train/perplexity", "val/perplexity"),
         log_y=True,
     ),
+    Curves(
+        "bits_per_byte",
+        "Validation bits per byte (comparable across tokenizers)",
+        "bits per byte",
+        ("val/bits_per_byte",),
+    ),
     Curves("learning_rate", "Learning rate", "learning rate", ("train/lr",), smooth=False),
     Curves(
         "grad_norm",

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from datamodules.corpus import EmbeddedCorpus, TextFilesCorpus
 from models.config import BertConfig, GPTConfig
 from pipeline.config import check_config
+from pipeline.pretraining import trainer_arguments
 from tests.conftest import CONF, compose_pretrain
 
 # conf/task/ belongs to fine-tuning, not to pretrain.yaml; tests/datamodules/test_tasks.py
@@ -88,7 +89,7 @@ def test_option_composes_and_instantiates(group, option, tmp_path, text_file):
     for name, logger_cfg in cfg.logger.items():
         logger_cfg.save_dir = str(tmp_path)
         assert instantiate(logger_cfg) is not None, name
-    trainer_cfg = OmegaConf.to_container(cfg.trainer)
+    trainer_cfg = trainer_arguments(cfg.trainer)
     trainer_cfg.update(default_root_dir=str(tmp_path), logger=False, enable_progress_bar=False)
     if trainer_cfg.get("accelerator") == "gpu" and not torch.cuda.is_available():
         trainer_cfg.update(accelerator="cpu", devices=1, strategy="auto")

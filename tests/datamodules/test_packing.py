@@ -4,12 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.batches import TRAIN, GPTBatches
+from datamodules.batches import TRAIN, VAL, GPTBatches
 from datamodules.objective import CausalLMObjective
 from datamodules.packing import PackedStream
 from models.gpt import positions_from_docs
 from tests.conftest import ListCorpus
 from tests.datamodules.helpers import all_documents, build
+from tokenizer.token_bytes import token_byte_counts
 
 SEQ_LEN = 128
 
@@ -99,3 +100,24 @@ def test_too_little_text_for_one_window(bpe, tmp_path):
         ValueError, match=r"training documents hold \d+ tokens, fewer than one window"
     ):
         gpt_batches(store)
+
+
+def test_validation_windows_count_the_bytes_of_text_they_predict(gpt_store, bpe):
+    """`target_bytes` of consecutive windows = the UTF-8 bytes of their targets, decoded."""
+    dataset = GPTBatches(
+        gpt_store,
+        all_documents(gpt_store),
+        CausalLMObjective(seq_len=SEQ_LEN, batch_size=4),
+        token_bytes=token_byte_counts(bpe),
+        rank=0,
+        world_size=1,
+        seed=3,
+        split=VAL,
+        shuffle=False,
+    )
+    for index in range(3):
+        batch = dataset[(0, index)]
+        targets = batch["targets"].reshape(-1).tolist()  # the windows are consecutive
+        text = bpe.decode(targets, skip_special_tokens=True)
+        assert int(batch["target_bytes"].sum()) == len(text.encode("utf-8"))
+    assert "target_bytes" not in gpt_batches(gpt_store)[(0, 0)]  # training batches: none
