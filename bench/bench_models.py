@@ -1,12 +1,13 @@
 """Training-step throughput of our BERT and GPT against the Hugging Face references.
 
-    python bench/bench_models.py [--quick] [--steps 6] [--warmup 2] [--dtype fp32,bf16]
+    python bench/bench_models.py [--quick] [--steps 6] [--warmup 2] [--dtype auto|fp32,bf16]
                                  [--matmul-n 2048] [--out bench/results/models.json]
     make bench-models
 
 One fwd + bwd + AdamW step, same config, same weights (ours are imported from the HF model),
 same inputs, same optimizer settings on both sides; HF runs its default best attention ("sdpa").
-Both in fp32 and under bf16 autocast (`--dtype`, default both). Targets on a CPU at the mini
+In fp32 and under bf16 autocast (`--dtype`; the default, auto, skips bf16 on a CPU without
+native bf16 and says so in the results). Targets on a CPU at the mini
 sizes: ours >= 2.0x the tokens/s of transformers for BERT, >= 1.3x for GPT.
 Steps of the two implementations alternate after a warm-up, so clock drift hits both alike;
 the median step time gives tokens/s = batch * seq / median.
@@ -58,6 +59,7 @@ from models import (
     pretraining_loss,
 )
 from models.hf import bert_hf_config, llama_hf_config
+from pipeline.precision import native_bf16_flags
 
 MASK_DRAWS = 4  # BERT masks cycled through, one per step
 MLM_FRACTION = 0.15  # share of tokens BERT's MLM head runs on (the recipe's masking rate)
@@ -309,7 +311,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="1 timed step after 1 warm-up")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
-        "--dtype", default="fp32,bf16", help="comma list of fp32, bf16 (bf16 = autocast)"
+        "--dtype",
+        default="auto",
+        help="comma list of fp32, bf16 (bf16 = autocast); auto: fp32, and bf16 where the "
+        "device computes it natively (a GPU, or a CPU with avx512_bf16 or amx_bf16)",
     )
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--matmul-n", type=int, help="peak matmul size (2048 on CPU, 8192 GPU)")
@@ -319,9 +324,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         args.steps, args.warmup = 1, 1
         peak_runs = {"reps": 2, "trials": 1}
-    dtypes = [d.strip() for d in args.dtype.split(",")]
+    dtypes, skipped = chosen_dtypes(args.dtype, args.device)
     if unknown := set(dtypes) - {"fp32", "bf16"}:
-        parser.error(f"--dtype: unknown {sorted(unknown)}; use fp32, bf16 or fp32,bf16")
+        parser.error(f"--dtype: unknown {sorted(unknown)}; use fp32, bf16, fp32,bf16 or auto")
+    for dtype, why in skipped.items():
+        print(f"{dtype} skipped: {why}", flush=True)
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -351,6 +358,7 @@ def main(argv: list[str] | None = None) -> dict:
         "size": args.size,
         "vocab_size": args.vocab_size,
         "dtypes": dtypes,
+        "skipped": skipped,
         "threads": args.threads,
         "steps": args.steps,
         "warmup": args.warmup,
@@ -361,6 +369,21 @@ def main(argv: list[str] | None = None) -> dict:
     }
     report["figures"] = figures(report)
     return finish(report, table(report), args.out)
+
+
+def chosen_dtypes(spelled: str, device: str) -> tuple[list[str], dict[str, str]]:
+    """(the dtypes to run, {dtype: why it is skipped}); `auto` runs bf16 only where it is
+    native, since an emulated bf16 (a CPU without avx512_bf16 or amx_bf16) takes many times
+    longer than fp32 and measures nothing a user would run."""
+    if spelled != "auto":
+        return [d.strip() for d in spelled.split(",")], {}
+    if device.startswith("cuda") or native_bf16_flags():
+        return ["fp32", "bf16"], {}
+    why = (
+        "this CPU has no native bf16 (no avx512_bf16 or amx_bf16 flag): bf16 autocast is "
+        "emulated there, several times slower than fp32 (--dtype fp32,bf16 runs it anyway)"
+    )
+    return ["fp32"], {"bf16": why}
 
 
 def compare(case: Case, times: dict[str, list[float]], peak_flops_per_s: float) -> dict:
@@ -449,7 +472,10 @@ def table(report: dict) -> str:
         "MFU ours / HF",
         "ceiling",
     ]
-    return f"{head}\n\n{markdown_table(headers, rows)}"
+    notes = "".join(
+        f"\n\n{dtype} not run: {why}" for dtype, why in report.get("skipped", {}).items()
+    )
+    return f"{head}\n\n{markdown_table(headers, rows)}{notes}"
 
 
 if __name__ == "__main__":

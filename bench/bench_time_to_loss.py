@@ -22,9 +22,14 @@ completes in the budget, and a faster side trains more steps:
    `trainer.max_time` = the budget, and `bench.clock.WallClockLogger` recording when each
    validation loss was logged.
 
+5. Ours with our best recipe: the schedule paced to the budget (`trainer.budget`, no timing
+   run needed) plus the model's entry of `RECIPES` (`--recipe KEY=VALUE` to try others, e.g.
+   `--recipe optim=muon`; `--no-recipe` to skip), with the same validations. Target: <= 0.40.
+
 Reported per model: the final validation loss of each, the steps and wall time each took, and
 the time ours needed to first reach the reference's final loss (linear between validations), as
-a share of the reference's time. Target: <= 0.60. Also the peak RSS of each process
+a share of the reference's time (target: <= 0.60 with the same recipe), and for GPT the final
+validation bits per byte of each (the same validation windows, so the same tokens per byte). Also the peak RSS of each process
 (`bench_memory.py` prints it as its own table). Times count from the start of training (model
 built, data open); ours includes Lightning's two sanity-validation batches and its checkpoints.
 The runs are sequential, so a busy machine skews the ratio: trust it only from a quiet one.
@@ -63,6 +68,10 @@ from bench.common import (
 
 EXPERIMENTS = {"bert": "bert-mini-wikitext2", "gpt": "gpt-mini-wikitext2"}
 TARGET = 0.60  # ours reaches the reference's final loss in at most this share of its time
+RECIPE_TARGET = 0.40  # ... and ours with our best recipe, in at most this share
+# Our best recipe beyond the shared one: a schedule paced to the budget (trainer.budget, always),
+# plus these overrides per model (`--recipe` replaces them).
+RECIPES: dict[str, list[str]] = {"bert": [], "gpt": []}
 TIMING_STEPS = 8  # the short run of ours that times a step and a validation batch
 FULL = {"budget_s": 300, "val_points": 6, "val_batches": 4}
 QUICK = {"budget_s": 20, "val_points": 2, "val_batches": 2}
@@ -78,6 +87,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--work-dir", type=Path, default=Path("outputs/bench/time_to_loss"))
+    parser.add_argument(
+        "--recipe",
+        action="append",
+        metavar="KEY=VALUE",
+        help="the best recipe's overrides besides its time budget (repeatable; replaces the "
+        "built-in ones, e.g. --recipe optim=muon)",
+    )
+    parser.add_argument("--no-recipe", action="store_true", help="skip the best-recipe run")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -133,7 +150,6 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
         f"paths.cache_dir={work / 'cache'}",
         f"paths.output_root={work / 'runs'}",
         f"trainer.limit_val_batches={args.val_batches}",
-        "trainer.budget=null",  # both sides are sized in steps here, from their own timing
         *device_overrides(args.device, args.dtype),
         *args.overrides,
     ]
@@ -147,6 +163,10 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
         )
 
     def pretrain(name: str, max_steps: int, val_every: int, *extra: str):
+        # sized in steps from its own timing, like the reference, unless `extra` sets a budget
+        budget = (
+            [] if any(e.startswith("trainer.budget=") for e in extra) else ["trainer.budget=null"]
+        )
         clock = work / f"{name}.clock.jsonl"
         run = measured(
             name,
@@ -158,6 +178,7 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
             f"trainer.val_check_interval={val_every}",
             "+logger.clock._target_=bench.clock.WallClockLogger",
             f"+logger.clock.path={clock}",
+            *budget,
             *extra,
         )
         return run, read_clock(clock)
@@ -190,6 +211,18 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
     ours_run, rows = pretrain(
         "ours", max_steps, val_every, f"trainer.max_time={max_time(args.budget_s)}"
     )
+    recipe = None
+    if not args.no_recipe:
+        overrides = args.recipe if args.recipe is not None else RECIPES[family]
+        paced = [f"trainer.budget={args.budget_s}s", "trainer.max_time=null", *overrides]
+        print(f"{family}: ours, best recipe ({' '.join(paced)})", flush=True)
+        recipe_run, rows = pretrain("recipe", 1_000_000, val_every, *paced)
+        points = validation_points(rows)
+        recipe = {
+            "overrides": paced,
+            "steps": points[-1]["step"] if points else 0,
+            "points": points,
+        }
     for checkpoints in (work / "runs").glob("*/*/checkpoints"):
         shutil.rmtree(checkpoints)  # ~0.5 GB of by-products; logs and the HF export stay
     points = validation_points(rows)
@@ -203,7 +236,9 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
         "points": points,
     }
     processes = {"prepare": prepare, "reference": reference_run, "ours": ours_run}
-    return summarize(family, reference, ours) | {
+    if recipe is not None:
+        processes["recipe"] = recipe_run
+    return summarize(family, reference, ours, recipe) | {
         "processes": {
             name: {"wall_s": m.wall_s, "peak_rss_mb": m.peak_rss_mb, "log": str(m.log)}
             for name, m in processes.items()
@@ -238,6 +273,11 @@ def validation_points(rows: list[dict]) -> list[dict]:
             "time_s": row["elapsed_s"],
             "val_loss": row["metrics"]["val/loss"],
         }
+        | (
+            {"bits_per_byte": row["metrics"]["val/bits_per_byte"]}
+            if "val/bits_per_byte" in row["metrics"]
+            else {}
+        )
         for row in rows
         if "val/loss" in row["metrics"]
     ]
@@ -257,14 +297,15 @@ def time_to_reach(points: list[dict], loss: float) -> float | None:
     return None
 
 
-def summarize(family: str, reference: dict, ours: dict) -> dict:
-    """Final losses, times and the time-to-reference-loss ratio of one model."""
+def summarize(family: str, reference: dict, ours: dict, recipe: dict | None = None) -> dict:
+    """Final losses, times and the time-to-reference-loss ratio of one model (and of our best
+    recipe, when it ran)."""
     if not reference["points"] or not ours["points"]:
         raise BenchError(f"{family}: a run logged no validation loss; see the logs")
     ref_final, ours_final = reference["points"][-1], ours["points"][-1]
     reached = time_to_reach(ours["points"], ref_final["val_loss"])
     ratio = reached / ref_final["time_s"] if reached is not None else None
-    return {
+    summary = {
         "family": family,
         "reference": reference,
         "ours": ours,
@@ -276,6 +317,31 @@ def summarize(family: str, reference: dict, ours: dict) -> dict:
         "time_ratio": ratio,
         "target": TARGET,
         "met": ratio is not None and ratio <= TARGET,
+    }
+    if "bits_per_byte" in ours_final:
+        # both sides validate on the same windows: the same tokens per byte
+        bits_per_nat = ours_final["bits_per_byte"] / ours_final["val_loss"]
+        summary["reference_final_bits_per_byte"] = ref_final["val_loss"] * bits_per_nat
+        summary["ours_final_bits_per_byte"] = ours_final["bits_per_byte"]
+    if recipe is not None:
+        summary["recipe"] = recipe | recipe_summary(ref_final, recipe["points"])
+    return summary
+
+
+def recipe_summary(ref_final: dict, points: list[dict]) -> dict:
+    """Our best recipe against the reference's final validation."""
+    if not points:
+        return {"final_loss": None, "time_ratio": None, "target": RECIPE_TARGET, "met": False}
+    reached = time_to_reach(points, ref_final["val_loss"])
+    ratio = reached / ref_final["time_s"] if reached is not None else None
+    return {
+        "final_loss": points[-1]["val_loss"],
+        "final_bits_per_byte": points[-1].get("bits_per_byte"),
+        "time_s": points[-1]["time_s"],
+        "time_to_reference_loss_s": reached,
+        "time_ratio": ratio,
+        "target": RECIPE_TARGET,
+        "met": ratio is not None and ratio <= RECIPE_TARGET,
     }
 
 
@@ -301,6 +367,17 @@ def figures(report: dict) -> list[dict]:
                 at_most=TARGET,
             )
         )
+        if (recipe := r.get("recipe")) is not None:
+            rows.append(
+                figure(
+                    "time to loss",
+                    f"{name} best recipe: time to the reference's final val loss",
+                    recipe["time_to_reference_loss_s"] if recipe["final_loss"] else None,
+                    r["reference_time_s"],
+                    "s",
+                    at_most=RECIPE_TARGET,
+                )
+            )
     return rows
 
 
@@ -323,6 +400,20 @@ def table(report: dict) -> str:
                 "yes" if r["met"] else "**no**",
             ]
         )
+    for name, r in report["results"].items():
+        if (recipe := r.get("recipe")) is None:
+            continue
+        rows.append(
+            [
+                f"{name}, best recipe",
+                f"{recipe['steps']} / {r['reference']['steps']}",
+                f"{number(recipe['final_loss'])} / {r['reference_final_loss']:.3f}",
+                f"{number(recipe.get('time_s'))} / {r['reference_time_s']:.0f}",
+                number(recipe.get("time_to_reference_loss_s")),
+                f"{number(recipe['time_ratio'])} (<= {RECIPE_TARGET})",
+                "yes" if recipe["met"] else "**no**",
+            ]
+        )
     headers = [
         "model",
         "steps ours / ref",
@@ -333,6 +424,16 @@ def table(report: dict) -> str:
         "met",
     ]
     parts = [head, markdown_table(headers, rows)]
+    for name, r in report["results"].items():
+        if "ours_final_bits_per_byte" in r:
+            recipe = (r.get("recipe") or {}).get("final_bits_per_byte")
+            parts.append(
+                f"{name} final validation bits per byte: reference "
+                f"{r['reference_final_bits_per_byte']:.4f}, ours {r['ours_final_bits_per_byte']:.4f}"
+                + (f", best recipe {recipe:.4f}" if recipe is not None else "")
+            )
+        if r.get("recipe"):
+            parts.append(f"{name} best recipe: {' '.join(r['recipe']['overrides'])}")
     for name, r in report["results"].items():
         ours, reference = r["ours"]["points"], r["reference"]["points"]
         curve_rows = []

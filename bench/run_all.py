@@ -6,7 +6,8 @@ the same run on the same machine.
     make bench            # about 25 minutes on a 2-core CPU
     make bench QUICK=1    # under 5 minutes, shortened (figures are rough)
 
-1. Model step throughput, fp32 and bf16 autocast (`bench_models.py`).
+1. Model step throughput, fp32 and bf16 autocast where the device has native bf16
+   (`bench_models.py`).
 2. Data: token-store MB/s and loader batches/s (`bench_data.py`).
 3. Time to loss, and with it memory: the peak RSS of those runs and of data preparation
    (`bench_time_to_loss.py`, `bench_memory.py`).

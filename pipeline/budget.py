@@ -4,8 +4,9 @@ bound.
 
 How: the schedule is built for `trainer.max_steps` schedule steps, and a `Pace` maps the run's
 optimizer steps onto them. `TimeBudget` times the steps and plans how many the budget holds
-(deciding a bounded number of times: after a few calibration steps, then when 10%, 25%, 50%, 75%
-and 90% of the budget has passed); at each decision the pace is re-aimed so that the planned last
+(deciding a bounded number of times: after a few calibration steps, then when 10%, 25%, 50%, 75%,
+90% and 95% of the budget has passed, each time with the slower of the overall step time and that
+since the last decision); at each decision the pace is re-aimed so that the planned last
 step lands on the schedule's last step, continuing from where the schedule is (the learning rate
 never jumps), and Lightning is told to stop there.
 
@@ -134,7 +135,7 @@ class TimeBudget(L.Callback):
     """
 
     # When this fraction of the budget has passed, the plan is made again with what was measured.
-    REPLAN_AT = (0.1, 0.25, 0.5, 0.75, 0.9)
+    REPLAN_AT = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
 
     def __init__(
         self, seconds: float, pace: Pace, *, calibration_steps: int = 3, margin: float = 0.03
@@ -148,6 +149,7 @@ class TimeBudget(L.Callback):
         self.elapsed = 0.0  # budget used up to the last step boundary
         self._attempt: tuple[float, float] | None = None  # (clock at start, elapsed at start)
         self._timed_from: tuple[int, float] | None = None  # (step, clock) this process times from
+        self._last_decision: tuple[int, float] | None = None  # (step, clock) in this process
 
     @property
     def state_key(self) -> str:
@@ -171,7 +173,7 @@ class TimeBudget(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._attempt = (clock(), self.elapsed)
-        self._timed_from = None
+        self._timed_from = self._last_decision = None
         if self.pace.planned < trainer.max_steps:  # resumed: the plan made so far holds
             set_max_steps(trainer, self.pace.planned)
 
@@ -186,9 +188,16 @@ class TimeBudget(L.Callback):
             self._timed_from = (step, now)  # from the end of this process's first step
         if step != self.next_decision:
             return
-        timed_step, timed_at = self._timed_from
-        if step > timed_step:
-            self.seconds_per_step = (now - timed_at) / (step - timed_step)
+        # Seconds per step: over all the steps this process timed, or over those since the
+        # last decision when they were slower (a machine that slowed down late).
+        rates = [
+            (now - at) / (step - since)
+            for since, at in (self._timed_from, self._last_decision or self._timed_from)
+            if step > since
+        ]
+        if rates:
+            self.seconds_per_step = max(rates)
+        self._last_decision = (step, now)
         planned, next_decision = trainer.strategy.broadcast(
             self._plan(step, trainer.max_steps), src=0
         )

@@ -95,6 +95,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
         )
     _check_positions(model.max_seq_len, objective.seq_len)
     _check_optimizer(cfg.optim)
+    _check_muon(cfg.optim, cfg.trainer)
     _check_trainer(cfg.trainer)
     _check_budget(cfg.trainer, cfg.schedule)
     _check_run(cfg)
@@ -149,6 +150,25 @@ def _check_budget(trainer: DictConfig, schedule: DictConfig) -> None:
             f"schedule.warmup_steps={schedule.warmup_steps} is a step count, but a run with "
             "trainer.budget does not know its steps in advance; give the warmup as a fraction "
             "of the run: schedule.warmup_steps=null schedule.warmup_ratio=0.05"
+        )
+
+
+def _check_muon(optim: DictConfig, trainer: DictConfig) -> None:
+    """Muon orthogonalizes whole weight matrices, which FSDP shards (pipeline/muon.py)."""
+    if not str(optim.get("_target_", "")).endswith("MuonWithAdamW"):
+        return
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, DictConfig) and "fsdp" in str(strategy.get("_target_", "")):
+        raise ConfigError(
+            "optim=muon needs whole weight matrices, which trainer=fsdp shards; use trainer=ddp "
+            "with optim=muon, or an AdamW optimizer with FSDP (optim=adamw_gpt)"
+        )
+    if optim.get("momentum", 0) < 0 or optim.get("momentum", 0) >= 1:
+        raise ConfigError(f"optim.momentum must be in [0, 1), got {optim.momentum}")
+    if optim.get("adjust_lr_fn") not in (None, "original", "match_rms_adamw"):
+        raise ConfigError(
+            f"optim.adjust_lr_fn={optim.adjust_lr_fn!r} is not one of match_rms_adamw (Muon's "
+            "update at AdamW's RMS: the same lr works), original, or null"
         )
 
 

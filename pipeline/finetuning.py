@@ -48,9 +48,9 @@ from pipeline.loggers import (
     saved_wandb_run,
     tokenizer_fingerprint,
 )
+from pipeline.precision import best_precision
 from pipeline.results import RESULTS, BestCheckpoint, FinalScores, FinetuneResults
 from pipeline.run_folder import CHECKPOINT_DIR, refuse_overwrite
-from pipeline.strategies import best_precision
 from pipeline.task_module import (
     Finetuned,
     HeadSpec,

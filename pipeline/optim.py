@@ -50,12 +50,18 @@ def build_optimizer(
     The factory's own `weight_decay` keyword (from the config) sets the decayed group's rate.
     """
     keywords = getattr(optimizer_factory, "keywords", {})
+    # an optimizer that groups parameters its own way says how (pipeline.muon)
+    grouping = getattr(
+        getattr(optimizer_factory, "func", optimizer_factory), "group_parameters", None
+    )
+    if grouping is not None:
+        return optimizer_factory(grouping(model, **keywords))
     groups = weight_decay_groups(model, keywords.get("weight_decay", 0.0))
     return optimizer_factory(groups)
 
 
 # What a resumed run takes from its own config rather than from the checkpoint.
-HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
+HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "momentum")
 
 
 def group_hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:

@@ -44,8 +44,8 @@ from pipeline.loggers import (
     tokenizer_fingerprint,
 )
 from pipeline.modules import PretrainModule
+from pipeline.precision import best_precision
 from pipeline.run_folder import attempt_record, first_process
-from pipeline.strategies import best_precision
 from tokenizer import get_tokenizer
 
 log = logging.getLogger(__name__)

@@ -4,15 +4,12 @@
 transformer block (`Family.block_class`: `BertLayer`, `GPTBlock`) is its own FSDP unit, so only
 the block being computed (and the next, prefetched) is ever whole in memory; embeddings, final
 norms and heads stay in the root unit.
-
-`best_precision` is the precision a Trainer gets when `trainer.precision` is null.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from lightning.pytorch.strategies import FSDPStrategy
 
 from pipeline.families import families
@@ -100,10 +97,3 @@ def fsdp_strategy(
         use_orig_params=True,
         limit_all_gathers=limit_all_gathers,
     )
-
-
-def best_precision() -> str:
-    """bf16 mixed precision on GPUs that support it, else full fp32."""
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-        return "bf16-mixed"
-    return "32-true"

@@ -15,9 +15,10 @@ from models import flops_per_token
 def test_tiny_run_reports_both_models_in_both_dtypes(tmp_path):
     out = tmp_path / "models.json"
     tiny = ["--size", "tiny", "--steps", "1", "--warmup", "0", "--matmul-n", "128"]
-    report = bench_models.main([*tiny, "--device", "cpu", "--out", str(out)])
+    both = ["--dtype", "fp32,bf16"]  # bf16 even where it is emulated
+    report = bench_models.main([*tiny, *both, "--device", "cpu", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
-    assert report["dtypes"] == ["fp32", "bf16"]
+    assert report["dtypes"] == ["fp32", "bf16"] and report["skipped"] == {}
     peaks = report["matmul_peaks"]
     assert {dtype: (p["n"], p["dtype"]) for dtype, p in peaks.items()} == {
         "fp32": (128, "float32"),
@@ -80,6 +81,25 @@ def test_cpu_targets_apply_to_the_mini_sizes():
     assert (bert["target"], bert["met"]) == (">= 2", True)
     assert (gpt["target"], gpt["met"]) == (">= 1.3", False)
     assert all(f["target"] is None for f in bench_models.figures({**report, "device": "cuda"}))
+
+
+@pytest.mark.parametrize(
+    ("flags", "device", "expected"),
+    [
+        ([], "cpu", ["fp32"]),
+        (["avx512_bf16"], "cpu", ["fp32", "bf16"]),
+        ([], "cuda", ["fp32", "bf16"]),
+    ],
+)
+def test_auto_skips_bf16_where_it_would_be_emulated_and_says_why(
+    monkeypatch, flags, device, expected
+):
+    monkeypatch.setattr(bench_models, "native_bf16_flags", lambda: flags)
+    dtypes, skipped = bench_models.chosen_dtypes("auto", device)
+    assert dtypes == expected
+    assert ("bf16" in skipped) == ("bf16" not in expected)
+    assert "no native bf16" in skipped.get("bf16", "no native bf16")
+    assert bench_models.chosen_dtypes("fp32,bf16", "cpu") == (["fp32", "bf16"], {})
 
 
 def test_unknown_dtype_is_refused(tmp_path):

@@ -60,6 +60,29 @@ def test_summary_ratio_is_ours_time_to_reference_loss_over_reference_time():
     assert time_figure["target"] == "<= 0.6" and time_figure["met"] is True
 
 
+def test_the_best_recipe_and_bits_per_byte_are_summarized_against_the_reference():
+    reference = {"steps": 30, "points": points((5, 5.0), (10, 4.0))}
+    ours = {"steps": 30, "points": points((4, 4.5), (8, 4.0))}
+    ours["points"][-1]["bits_per_byte"] = 2.0  # 0.5 bits per nat on these windows
+    recipe = {
+        "overrides": ["trainer.budget=10s"],
+        "steps": 50,
+        "points": points((2, 4.2), (3, 3.8)),
+    }
+    result = bench_time_to_loss.summarize("gpt", reference, ours, recipe)
+    assert result["reference_final_bits_per_byte"] == pytest.approx(2.0)  # 4.0 nats x 0.5
+    assert result["recipe"]["time_ratio"] == pytest.approx(0.25)  # 4.0 reached at 2.5 s of 10
+    assert result["recipe"]["met"] is True and result["recipe"]["target"] == 0.4
+    report = {"results": {"gpt": result}, "budget_s": 10, "device": "cpu", "dtype": "fp32"}
+    report["val_batches"] = 2
+    recipe_figure = bench_time_to_loss.figures(report)[-1]
+    assert recipe_figure["target"] == "<= 0.4" and recipe_figure["met"] is True
+    text = bench_time_to_loss.table(report)
+    assert "gpt, best recipe" in text and "reference 2.0000, ours 2.0000" in text
+    slow = {"overrides": [], "steps": 5, "points": points((9, 4.5))}
+    assert bench_time_to_loss.summarize("gpt", reference, ours, slow)["recipe"]["met"] is False
+
+
 def test_plan_fits_training_and_validation_into_the_budget():
     # 0.9 x 100 s, less 5 validations of 2 batches at 0.5 s = 85 s of 1 s steps
     assert plan_steps(100, 1.0, 0.5, 5, 2, 0.9) == (85, 17)

@@ -1,6 +1,6 @@
 """A tiny pretraining run under Lightning DDP on 2 CPU processes (gloo), for `test_ddp.py`.
 
-    python tests/pipeline/ddp_run.py FAMILY TOKENIZER_JSON CACHE_DIR OUT_DIR STEPS ACCUMULATE
+    python tests/pipeline/ddp_run.py FAMILY TOKENIZER_JSON CACHE_DIR OUT_DIR STEPS ACCUMULATE [muon]
 
 Lightning starts rank 1 by re-running this script. Every rank writes `OUT_DIR/rank<r>.pt`:
 the weights after DDP's start-up broadcast and after training, the gradients and micro-batches
@@ -27,6 +27,7 @@ from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from models.config import BertConfig, GPTConfig
 from pipeline.families import family_named
+from pipeline.muon import MuonWithAdamW
 from pipeline.schedules import warmup_cosine, warmup_linear_decay
 from tokenizer import load_tokenizer
 
@@ -49,8 +50,12 @@ def objective(family: str) -> MaskedLMObjective | CausalLMObjective:
     return CausalLMObjective(seq_len=64, batch_size=4)
 
 
-def optimizer_and_schedule(family: str):
-    """The partials `conf/optim/adamw_*.yaml` and `conf/schedule/*.yaml` instantiate to."""
+def optimizer_and_schedule(family: str, optimizer: str = "adamw"):
+    """The partials `conf/optim/adamw_*.yaml` (or `muon.yaml`) and `conf/schedule/*.yaml`
+    instantiate to."""
+    if optimizer == "muon":
+        muon = functools.partial(MuonWithAdamW, lr=1e-3, weight_decay=0.1)
+        return muon, functools.partial(warmup_cosine, warmup_steps=1)
     if family == "bert":
         optimizer = functools.partial(
             torch.optim.AdamW, lr=5e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01
@@ -129,7 +134,9 @@ class Recorder(L.Callback):
         torch.save(self.record, self.out_dir / f"rank{trainer.global_rank}.pt")
 
 
-def main(family: str, tokenizer_json: str, cache_dir: str, out: str, steps: int, k: int) -> None:
+def main(
+    family: str, tokenizer_json: str, cache_dir: str, out: str, steps: int, k: int, optim: str
+) -> None:
     torch.set_num_threads(1)  # two ranks share the machine's cores
     L.seed_everything(SEED, workers=True)
     tokenizer = load_tokenizer(tokenizer_json)  # trained once, by the test: the same on both ranks
@@ -144,7 +151,7 @@ def main(family: str, tokenizer_json: str, cache_dir: str, out: str, steps: int,
         micro_batches=k,
         wait_timeout_s=120,
     )
-    optimizer, schedule = optimizer_and_schedule(family)
+    optimizer, schedule = optimizer_and_schedule(family, optim)
     module = family_named(family).module_class(
         model_config(family, tokenizer.get_vocab_size()), optimizer=optimizer, scheduler=schedule
     )
@@ -168,5 +175,5 @@ def main(family: str, tokenizer_json: str, cache_dir: str, out: str, steps: int,
 
 
 if __name__ == "__main__":
-    family, tokenizer_json, cache_dir, out, steps, k = sys.argv[1:]
-    main(family, tokenizer_json, cache_dir, out, int(steps), int(k))
+    family, tokenizer_json, cache_dir, out, steps, k, *optim = sys.argv[1:]
+    main(family, tokenizer_json, cache_dir, out, int(steps), int(k), *(optim or ["adamw"]))

@@ -36,8 +36,9 @@ def failure_report(output: str) -> str:
     return "\n".join(errors) + "\n--- end of output ---\n" + output[-3000:]
 
 
-def run_ddp(tmp_path: Path, family: str, accumulate: int) -> list[dict]:
-    """Train with 2 DDP ranks; returns each rank's record (see `ddp_run.py`)."""
+def run_ddp(tmp_path: Path, family: str, accumulate: int, optim: str = "adamw") -> list[dict]:
+    """Train with 2 DDP ranks (`optim`: adamw or muon); returns each rank's record (see
+    `ddp_run.py`)."""
     # WordPiece/BPE training is not reproducible across processes: train once, here, and let
     # both ranks load the file.
     vocab = 2000 if family == "bert" else 1000
@@ -46,7 +47,7 @@ def run_ddp(tmp_path: Path, family: str, accumulate: int) -> list[dict]:
     tokenizer.save(str(tokenizer_json))
     out = tmp_path / "out"
     out.mkdir()
-    args = [family, tokenizer_json, tmp_path / "cache", out, STEPS, accumulate]
+    args = [family, tokenizer_json, tmp_path / "cache", out, STEPS, accumulate, optim]
     process = subprocess.Popen(
         [sys.executable, str(SCRIPT), *map(str, args)],
         cwd=REPO,
@@ -99,9 +100,12 @@ def reference_gradients(family: str, record: dict, micro_batches: list[dict]) ->
     return {name: p.grad for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize(("family", "accumulate"), [("bert", 2), ("gpt", 1)])
-def test_ddp_ranks_train_identical_weights_on_disjoint_data(tmp_path, family, accumulate):
-    ranks = run_ddp(tmp_path, family, accumulate)
+@pytest.mark.parametrize(
+    ("family", "accumulate", "optim"),
+    [("bert", 2, "adamw"), ("gpt", 1, "adamw"), ("gpt", 2, "muon")],
+)
+def test_ddp_ranks_train_identical_weights_on_disjoint_data(tmp_path, family, accumulate, optim):
+    ranks = run_ddp(tmp_path, family, accumulate, optim)
     first, second = ranks
     for record in ranks:
         assert (record["strategy"], record["backend"]) == ("DDPStrategy", "gloo")

@@ -195,6 +195,19 @@ def test_killed_run_with_a_time_budget_resumes_exactly(shared_runs):
     assert_resumes_exactly(tmp_path, run, "budget-killed", reference_dir, steps, **entry)
 
 
+def test_killed_run_with_muon_resumes_exactly(shared_runs):
+    """optim=muon: both optimizers' state (Muon's momentum, AdamW's moments) is in the
+    checkpoint, so the resumed run continues exactly."""
+    tmp_path, _ = shared_runs
+    run = (*RUN, "optim=muon", f"trainer.max_steps={STEPS}")
+    done = run_pretrain(tmp_path, *run, "run_name=muon-reference")
+    assert done.returncode == 0, done.stderr[-3000:]
+    process = interrupt_mid_run(tmp_path, run, "muon-killed", signal.SIGKILL)
+    assert process.returncode == -signal.SIGKILL
+    reference_dir = tmp_path / "out/bert-tiny/muon-reference"
+    assert_resumes_exactly(tmp_path, run, "muon-killed", reference_dir)
+
+
 def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_named(tmp_path):
     first = run_pretrain(tmp_path, "model=bert-tiny", "debug=smoke", "run_name=one")
     assert first.returncode == 0, first.stderr[-3000:]

@@ -1,0 +1,124 @@
+"""optim=muon (pipeline/muon.py): Muon on the transformer blocks' matrices, AdamW on the rest,
+in one optimizer whose step and state are exactly those of the two parts."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+
+from models.bert import BertForPreTraining
+from models.config import BertConfig, GPTConfig
+from models.gpt import GPT
+from pipeline.config import ConfigError, check_config
+from pipeline.muon import MuonWithAdamW
+from pipeline.optim import build_optimizer
+from tests.conftest import compose_pretrain
+
+GPT_CONFIG = GPTConfig(
+    vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32
+)
+BERT_CONFIG = BertConfig(
+    vocab_size=256, d_model=64, n_layers=2, n_heads=2, d_ff=128, max_seq_len=32
+)
+MUON = functools.partial(MuonWithAdamW, lr=2e-3, weight_decay=0.1, adamw_lr=1e-3)
+
+
+def grouped_names(model, optimizer) -> tuple[set[str], set[str]]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon = {names[id(p)] for g in optimizer.param_groups if g["muon"] for p in g["params"]}
+    adamw = {names[id(p)] for g in optimizer.param_groups if not g["muon"] for p in g["params"]}
+    return muon, adamw
+
+
+@pytest.mark.parametrize(
+    "model", [GPT(GPT_CONFIG), BertForPreTraining(BERT_CONFIG)], ids=["gpt", "bert"]
+)
+def test_the_blocks_matrices_get_muon_and_everything_else_adamw(model):
+    optimizer = build_optimizer(model, MUON)
+    muon, adamw = grouped_names(model, optimizer)
+    assert muon.isdisjoint(adamw)
+    assert muon | adamw == {n for n, p in model.named_parameters() if p.requires_grad}
+    params = dict(model.named_parameters())
+    assert all(params[n].ndim == 2 and ".layers." in n for n in muon)
+    assert len(muon) == 4 * 2  # attention in and out, feed-forward in and out, per block
+    # embeddings, norms, biases and heads stay with AdamW, at its own learning rate
+    assert any("emb" in n or "embeddings" in n for n in adamw)
+    assert any("norm" in n for n in adamw)
+    assert {g["lr"] for g in optimizer.param_groups if g["muon"]} == {2e-3}
+    assert {g["lr"] for g in optimizer.param_groups if not g["muon"]} == {1e-3}
+
+
+def gpt_step(model, seed: int) -> None:
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(seed))
+    model(ids, targets=ids).loss.backward()
+
+
+def test_one_step_is_muons_on_the_matrices_and_adamws_on_the_rest():
+    torch.manual_seed(0)
+    model = GPT(GPT_CONFIG)
+    alone = copy.deepcopy(model)
+    combined = build_optimizer(model, MUON)
+    muon_names, _ = grouped_names(model, combined)
+    params = dict(alone.named_parameters())
+    muon_alone = torch.optim.Muon(
+        [params[n] for n in sorted(muon_names)],
+        lr=2e-3,
+        weight_decay=0.1,
+        adjust_lr_fn="match_rms_adamw",
+    )
+    adamw_alone = torch.optim.AdamW(
+        [p for n, p in params.items() if n not in muon_names],
+        lr=1e-3,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        weight_decay=0.0,  # GPT's other parameters: embeddings and norms, not decayed
+    )
+    for seed in range(3):
+        for m, optimizers in ((model, [combined]), (alone, [muon_alone, adamw_alone])):
+            gpt_step(m, seed)
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+    for name, param in model.named_parameters():
+        assert torch.allclose(param, dict(alone.named_parameters())[name], atol=1e-7), name
+
+
+def test_a_restored_optimizer_continues_exactly():
+    torch.manual_seed(0)
+    model = GPT(GPT_CONFIG)
+    optimizer = build_optimizer(model, MUON)
+    gpt_step(model, 0)
+    optimizer.step()
+    optimizer.zero_grad()
+    saved_model, saved_state = (
+        copy.deepcopy(model.state_dict()),
+        copy.deepcopy(optimizer.state_dict()),
+    )
+    gpt_step(model, 1)
+    optimizer.step()
+
+    restored = GPT(GPT_CONFIG)
+    restored.load_state_dict(saved_model)
+    again = build_optimizer(restored, MUON)
+    again.load_state_dict(saved_state)
+    assert {k: type(v) for k, v in again.state[next(iter(again.state))].items()}  # moments back
+    gpt_step(restored, 1)
+    again.step()
+    for (name, a), b in zip(model.named_parameters(), restored.parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer=fsdp"], "use trainer=ddp"),
+        (["optim.adjust_lr_fn=sqrt"], "optim.adjust_lr_fn='sqrt'"),
+        (["optim.momentum=1.5"], "optim.momentum must be in"),
+    ],
+)
+def test_muon_settings_that_cannot_work_are_named(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_config(compose_pretrain("model=gpt", "optim=muon", *overrides))
