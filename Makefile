@@ -97,8 +97,8 @@ test-all: $(STAMP)  ## Run every test, slow ones included (GPU tests skip withou
 bench: $(STAMP)  ## Run every benchmark; write bench/results/<date>_<host>.json + .md (QUICK=1: < 5 min)
 	$(PRELOAD) $(PY) bench/run_all.py $(if $(QUICK),--quick)
 
-bench-models: $(STAMP)  ## Training-step tokens/s of our models vs transformers (QUICK=1: short)
-	$(PRELOAD) $(PY) bench/bench_models.py $(if $(QUICK),--quick) --out outputs/bench/models.json
+bench-models: $(STAMP)  ## Training-step tokens/s of our models vs transformers, and compiled (QUICK=1: short, eager only)
+	$(PRELOAD) $(PY) bench/bench_models.py $(if $(QUICK),--quick,--compile) --out outputs/bench/models.json
 
 bench-data: $(STAMP)  ## Token-store MB/s vs raw tokenizer, loader batches/s (QUICK=1: short)
 	$(PRELOAD) $(PY) bench/bench_data.py $(if $(QUICK),--quick) --out outputs/bench/data.json

@@ -1,16 +1,20 @@
 """Training-step throughput of our BERT and GPT against the Hugging Face references.
 
     python bench/bench_models.py [--quick] [--steps 6] [--warmup 2] [--dtype auto|fp32,bf16]
-                                 [--matmul-n 2048] [--out bench/results/models.json]
+                                 [--compile] [--matmul-n 2048] [--out bench/results/models.json]
     make bench-models
 
 One fwd + bwd + AdamW step, same config, same weights (ours are imported from the HF model),
 same inputs, same optimizer settings on both sides; HF runs its default best attention ("sdpa").
 In fp32 and under bf16 autocast (`--dtype`; the default, auto, skips bf16 on a CPU without
-native bf16 and says so in the results). Targets on a CPU at the mini
-sizes: ours >= 2.0x the tokens/s of transformers for BERT, >= 1.3x for GPT.
+native bf16 and says so in the results). Targets on a CPU at the mini sizes: ours >= 2.0x the
+tokens/s of transformers for BERT, >= 1.3x for GPT.
 Steps of the two implementations alternate after a warm-up, so clock drift hits both alike;
 the median step time gives tokens/s = batch * seq / median.
+
+`--compile` (on in `make bench-models`) also times a copy of ours under `torch.compile`
+(inductor, on a CPU too), as `module.compile=true` runs it: its step speedup over eager ours, and
+the compilation (its first step, less an eager step) reported apart.
 
 MFU: useful FLOPs per second (`models.flops.flops_per_token`: 6 N + attention, BERT's MLM head
 on the masked 15%) over the matmul peak of the step's dtype measured first in the same run (the
@@ -140,6 +144,15 @@ def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     )
 
 
+def _compiled_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` (same weights) compiled in place, as `module.compile=true` does."""
+    import copy
+
+    compiled = copy.deepcopy(model)
+    compiled.compile()
+    return compiled
+
+
 def _train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -165,6 +178,7 @@ def bert_case(
     vocab_size: int | None = None,
     batch: int | None = None,
     compile_ours: bool = False,
+    compare_compiled: bool = False,
 ) -> Case:
     import transformers
 
@@ -177,6 +191,7 @@ def bert_case(
         )
     ).to(device)
     ours = load_hf_bert(hf).to(device)
+    compiled = _compiled_copy(ours) if compare_compiled else None
     if compile_ours:
         ours.compile()  # in place, as `module.compile=true` does in make pretrain
 
@@ -198,7 +213,7 @@ def bert_case(
     input_ids, attention_mask, token_type_ids, nsp = (
         t.to(device) for t in (input_ids, attention_mask, token_type_ids, nsp)
     )
-    hf_labels, our_labels = itertools.cycle(label_draws), itertools.cycle(label_draws)
+    hf_labels = itertools.cycle(label_draws)
 
     def hf_loss() -> torch.Tensor:
         return hf(
@@ -209,23 +224,33 @@ def bert_case(
             next_sentence_label=nsp,
         ).loss
 
-    def our_loss() -> torch.Tensor:
-        positions, targets = masked_positions_from_labels(next(our_labels))
-        out = ours(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            masked_positions=positions,
-        )
-        return pretraining_loss(out, targets, nsp).total
+    def our_loss(model: torch.nn.Module) -> Callable[[], torch.Tensor]:
+        labels = itertools.cycle(label_draws)  # each model sees the draws in the same turn
 
+        def loss() -> torch.Tensor:
+            positions, targets = masked_positions_from_labels(next(labels))
+            out = model(
+                input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                masked_positions=positions,
+            )
+            return pretraining_loss(out, targets, nsp).total
+
+        return loss
+
+    steps = {
+        "ours": _train_step(ours, _optimizer(ours), our_loss(ours), autocast),
+        "hf": _train_step(hf, _optimizer(hf), hf_loss, autocast),
+    }
+    if compiled is not None:
+        steps["ours_compiled"] = _train_step(
+            compiled, _optimizer(compiled), our_loss(compiled), autocast
+        )
     return Case(
         name=f"bert-{preset}",
         tokens=B * T,
-        steps={
-            "ours": _train_step(ours, _optimizer(ours), our_loss, autocast),
-            "hf": _train_step(hf, _optimizer(hf), hf_loss, autocast),
-        },
+        steps=steps,
         config=c,
         seq_len=T,
         batch=B,
@@ -240,6 +265,7 @@ def gpt_case(
     vocab_size: int | None = None,
     batch: int | None = None,
     compile_ours: bool = False,
+    compare_compiled: bool = False,
 ) -> Case:
     import transformers
 
@@ -252,6 +278,7 @@ def gpt_case(
         transformers.LlamaConfig(**llama_hf_config(c), attn_implementation="sdpa")
     ).to(device)
     ours = load_hf_gpt(hf).to(device)
+    compiled = _compiled_copy(ours) if compare_compiled else None
     if compile_ours:
         ours.compile()  # in place, as `module.compile=true` does in make pretrain
 
@@ -263,24 +290,34 @@ def gpt_case(
     def hf_loss() -> torch.Tensor:
         return hf(input_ids=input_ids, labels=input_ids).loss
 
-    def our_loss() -> torch.Tensor:
-        return ours(input_ids, targets=targets).loss
-
+    steps = {
+        "ours": _train_step(
+            ours, _optimizer(ours), lambda: ours(input_ids, targets=targets).loss, autocast
+        ),
+        "hf": _train_step(hf, _optimizer(hf), hf_loss, autocast),
+    }
+    if compiled is not None:
+        steps["ours_compiled"] = _train_step(
+            compiled,
+            _optimizer(compiled),
+            lambda: compiled(input_ids, targets=targets).loss,
+            autocast,
+        )
     return Case(
         name=f"gpt-{preset}",
         tokens=B * T,
-        steps={
-            "ours": _train_step(ours, _optimizer(ours), our_loss, autocast),
-            "hf": _train_step(hf, _optimizer(hf), hf_loss, autocast),
-        },
+        steps=steps,
         config=c,
         seq_len=T,
         batch=B,
     )
 
 
-def measure(case: Case, steps: int, warmup: int, device: torch.device) -> dict[str, list[float]]:
-    """Step times per implementation, alternating implementations step by step."""
+def measure(
+    case: Case, steps: int, warmup: int, device: torch.device
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """(step times per implementation, alternating implementations step by step; the time of
+    each implementation's first step, which compiles a compiled model)."""
 
     def timed(step: Callable[[], None]) -> float:
         synchronize(device)
@@ -289,14 +326,16 @@ def measure(case: Case, steps: int, warmup: int, device: torch.device) -> dict[s
         synchronize(device)
         return time.perf_counter() - start
 
-    for step in case.steps.values():
-        for _ in range(warmup):
+    first: dict[str, float] = {}
+    for impl, step in case.steps.items():
+        first[impl] = timed(step)  # compiles, for a compiled model
+        for _ in range(warmup - 1):
             step()
     times: dict[str, list[float]] = {impl: [] for impl in case.steps}
     for _ in range(steps):
         for impl, step in case.steps.items():
             times[impl].append(timed(step))
-    return times
+    return times, first
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -307,7 +346,9 @@ def main(argv: list[str] | None = None) -> dict:
         "--vocab-size", type=int, help="default: the preset's (30,522 BERT, 50,304 GPT)"
     )
     parser.add_argument("--steps", type=int, default=6, help="timed steps per implementation")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="steps first, outside the medians (at least 1)"
+    )
     parser.add_argument("--quick", action="store_true", help="1 timed step after 1 warm-up")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
@@ -315,6 +356,12 @@ def main(argv: list[str] | None = None) -> dict:
         default="auto",
         help="comma list of fp32, bf16 (bf16 = autocast); auto: fp32, and bf16 where the "
         "device computes it natively (a GPU, or a CPU with avx512_bf16 or amx_bf16)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time ours under torch.compile (module.compile=true): step speedup over "
+        "eager, and the compilation time apart",
     )
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--matmul-n", type=int, help="peak matmul size (2048 on CPU, 8192 GPU)")
@@ -344,9 +391,22 @@ def main(argv: list[str] | None = None) -> dict:
 
         for name in args.models.split(","):
             torch.manual_seed(0)
-            case = builders[name.strip()](args.size, device, autocast, vocab_size=args.vocab_size)
-            times = measure(case, args.steps, args.warmup, device)
-            results.append(compare(case, times, peaks[dtype]["flops_per_s"]) | {"dtype": dtype})
+            case = builders[name.strip()](
+                args.size,
+                device,
+                autocast,
+                vocab_size=args.vocab_size,
+                compare_compiled=args.compile,
+            )
+            times, first = measure(case, args.steps, args.warmup, device)
+            row = compare(case, times, peaks[dtype]["flops_per_s"]) | {"dtype": dtype}
+            if "ours_compiled" in times:
+                row["compile"] = {
+                    "speedup": row["ours"]["median_step_s"] / row["ours_compiled"]["median_step_s"],
+                    # the first compiled step, less an eager one: the compilation itself
+                    "compile_s": first["ours_compiled"] - row["ours"]["median_step_s"],
+                }
+            results.append(row)
             del case
 
     import transformers
@@ -359,6 +419,7 @@ def main(argv: list[str] | None = None) -> dict:
         "vocab_size": args.vocab_size,
         "dtypes": dtypes,
         "skipped": skipped,
+        "compile": args.compile,
         "threads": args.threads,
         "steps": args.steps,
         "warmup": args.warmup,
@@ -472,7 +533,17 @@ def table(report: dict) -> str:
         "MFU ours / HF",
         "ceiling",
     ]
-    notes = "".join(
+    compiled = [
+        f"{row['model']} {row['dtype']}: compiled {row['compile']['speedup']:.2f}x eager's speed "
+        f"(compiling took {row['compile']['compile_s']:.0f} s)"
+        for row in report["results"]
+        if "compile" in row
+    ]
+    if compiled:
+        notes_compiled = "\n\ntorch.compile (module.compile=true): " + "; ".join(compiled)
+    else:
+        notes_compiled = ""
+    notes = notes_compiled + "".join(
         f"\n\n{dtype} not run: {why}" for dtype, why in report.get("skipped", {}).items()
     )
     return f"{head}\n\n{markdown_table(headers, rows)}{notes}"

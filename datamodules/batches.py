@@ -129,6 +129,15 @@ class EpochBatches(Dataset):
 STEP_TOTAL = "step_total_"  # key prefix of a step's totals in its micro-batches
 
 
+class LossCount:
+    """Names of what a loss term averages over (`EpochBatches.loss_counts`, whose totals a step
+    carries as `step_total_<name>`; the LightningModules' `loss_terms` refer to them)."""
+
+    MASKED = "masked"  # masked tokens (MLM)
+    SEQUENCES = "sequences"  # sequences (NSP)
+    TARGETS = "targets"  # next-token targets (causal LM)
+
+
 class StepBatches(Dataset):
     """The micro-batches of whole optimizer steps, for gradient accumulation.
 
@@ -249,9 +258,9 @@ class BertBatches(EpochBatches):
         return _int64(batch)
 
     def loss_counts(self, batch: dict[str, np.ndarray]) -> dict[str, int]:
-        counts = {"masked": len(batch["mlm_labels"])}
+        counts = {LossCount.MASKED: len(batch["mlm_labels"])}
         if "nsp_labels" in batch:
-            counts["sequences"] = len(batch["nsp_labels"])
+            counts[LossCount.SEQUENCES] = len(batch["nsp_labels"])
         return counts
 
 
@@ -340,4 +349,4 @@ class GPTBatches(EpochBatches):
         return _int64(batch)
 
     def loss_counts(self, batch: dict[str, np.ndarray]) -> dict[str, int]:
-        return {"targets": int(batch["targets"].size)}
+        return {LossCount.TARGETS: int(batch["targets"].size)}

@@ -4,11 +4,11 @@ bound.
 
 How: the schedule is built for `trainer.max_steps` schedule steps, and a `Pace` maps the run's
 optimizer steps onto them. `TimeBudget` times the steps and plans how many the budget holds
-(deciding a bounded number of times: after a few calibration steps, then when 10%, 25%, 50%, 75%,
-90% and 95% of the budget has passed, each time with the slower of the overall step time and that
-since the last decision); at each decision the pace is re-aimed so that the planned last
-step lands on the schedule's last step, continuing from where the schedule is (the learning rate
-never jumps), and Lightning is told to stop there.
+(deciding a bounded number of times: after a few calibration steps, then when 10%, 25%, 50%,
+75%, 90% and 95% of the budget has passed, each time from the seconds per step measured so far,
+validations and checkpoints included); at each decision the pace is re-aimed so that the planned
+last step lands on the schedule's last step, continuing from where the schedule is (the learning
+rate never jumps), and Lightning is told to stop there.
 
 Every decision and the elapsed time are saved in the checkpoint, so a resumed run follows the
 plan the run had made at that step (exact resume); later decisions time the resumed process.
@@ -145,11 +145,11 @@ class TimeBudget(L.Callback):
         self.margin = margin
         self.next_decision = 1 + calibration_steps
         self.decisions = 0
+        self.aimed_at = 0.0  # the fraction of the budget the next decision is aimed at
         self.seconds_per_step: float | None = None
         self.elapsed = 0.0  # budget used up to the last step boundary
         self._attempt: tuple[float, float] | None = None  # (clock at start, elapsed at start)
         self._timed_from: tuple[int, float] | None = None  # (step, clock) this process times from
-        self._last_decision: tuple[int, float] | None = None  # (step, clock) in this process
 
     @property
     def state_key(self) -> str:
@@ -161,6 +161,7 @@ class TimeBudget(L.Callback):
             "pace": self.pace.state_dict(),
             "next_decision": self.next_decision,
             "decisions": self.decisions,
+            "aimed_at": self.aimed_at,
             "seconds_per_step": self.seconds_per_step,
         }
 
@@ -169,12 +170,13 @@ class TimeBudget(L.Callback):
         self.pace.load_state_dict(state["pace"])
         self.next_decision = int(state["next_decision"])
         self.decisions = int(state["decisions"])
+        self.aimed_at = float(state.get("aimed_at", 0.0))
         self.seconds_per_step = state["seconds_per_step"]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._attempt = (clock(), self.elapsed)
-        self._timed_from = self._last_decision = None
-        if self.pace.planned < trainer.max_steps:  # resumed: the plan made so far holds
+        self._timed_from = None
+        if self.pace.planned < self.pace.schedule_steps:  # resumed: the plan made so far holds
             set_max_steps(trainer, self.pace.planned)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -188,19 +190,12 @@ class TimeBudget(L.Callback):
             self._timed_from = (step, now)  # from the end of this process's first step
         if step != self.next_decision:
             return
-        # Seconds per step: over all the steps this process timed, or over those since the
-        # last decision when they were slower (a machine that slowed down late).
-        rates = [
-            (now - at) / (step - since)
-            for since, at in (self._timed_from, self._last_decision or self._timed_from)
-            if step > since
-        ]
-        if rates:
-            self.seconds_per_step = max(rates)
-        self._last_decision = (step, now)
-        planned, next_decision = trainer.strategy.broadcast(
-            self._plan(step, trainer.max_steps), src=0
-        )
+        # Seconds per step over all the steps this process timed: validations and checkpoints
+        # count in proportion, and no single slow step (a validation) sways the plan.
+        timed_step, timed_at = self._timed_from
+        if step > timed_step:
+            self.seconds_per_step = (now - timed_at) / (step - timed_step)
+        planned, next_decision, self.aimed_at = trainer.strategy.broadcast(self._plan(step), src=0)
         self.pace.replan(step, planned)
         set_max_steps(trainer, planned)
         self.next_decision = next_decision
@@ -215,16 +210,21 @@ class TimeBudget(L.Callback):
                 self.seconds,
             )
 
-    def _plan(self, step: int, max_steps: int) -> tuple[int, int]:
-        """(the planned last step, the step of the next decision; -1 for none)."""
+    def _plan(self, step: int) -> tuple[int, int, float]:
+        """(the planned last step, at most `trainer.max_steps`; the step of the next decision,
+        -1 for none; the fraction of the budget it is aimed at). Each of `REPLAN_AT` prompts
+        one decision at most: the next is aimed at the first fraction after both the one this
+        decision was aimed at and the share of the budget used."""
         rate = self.seconds_per_step
         if rate is None or rate <= 0:  # nothing timed yet (resumed right at a decision)
-            return self.pace.planned, step + 1
+            return self.pace.planned, step + 1, self.aimed_at
         left = (1 - self.margin) * self.seconds - self.elapsed
-        planned = max(step + 1, min(max_steps, step + math.floor(left / rate)))
+        most = self.pace.schedule_steps  # trainer.max_steps as configured
+        planned = max(step + 1, min(most, step + math.floor(left / rate)))
         used = self.elapsed / self.seconds
-        later = [f for f in self.REPLAN_AT if f > used]
+        later = [f for f in self.REPLAN_AT if f > max(used, self.aimed_at)]
         if not later:
-            return planned, -1
-        next_decision = step + max(1, math.ceil((later[0] * self.seconds - self.elapsed) / rate))
-        return planned, next_decision if next_decision < planned else -1
+            return planned, -1, 1.0
+        wait = math.ceil((later[0] * self.seconds - self.elapsed) / rate)
+        next_decision = step + max(1, wait)
+        return planned, (next_decision if next_decision < planned else -1), later[0]

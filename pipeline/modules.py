@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torchmetrics import MeanMetric
 
-from datamodules.batches import STEP_TOTAL
+from datamodules.batches import STEP_TOTAL, LossCount
 from models.bert import BertForPreTraining, pretraining_loss
 from models.config import BertConfig, GPTConfig
 from models.flops import flops_per_token, param_count
@@ -291,7 +291,10 @@ class BertPretraining(PretrainModule):
     """BERT masked LM + next-sentence prediction (total loss = MLM + NSP)."""
 
     perplexity_of = "mlm_loss"
-    loss_terms: ClassVar[dict[str, str]] = {"mlm_loss": "masked", "nsp_loss": "sequences"}
+    loss_terms: ClassVar[dict[str, str]] = {
+        "mlm_loss": LossCount.MASKED,
+        "nsp_loss": LossCount.SEQUENCES,
+    }
 
     def build_model(self, config: BertConfig) -> BertForPreTraining:
         return BertForPreTraining(config)
@@ -330,7 +333,7 @@ class BertPretraining(PretrainModule):
 class GPTPretraining(PretrainModule):
     """GPT causal language modelling on packed windows."""
 
-    loss_terms: ClassVar[dict[str, str]] = {"loss": "targets"}
+    loss_terms: ClassVar[dict[str, str]] = {"loss": LossCount.TARGETS}
 
     def build_model(self, config: GPTConfig) -> GPT:
         return GPT(config)

@@ -105,3 +105,17 @@ def test_auto_skips_bf16_where_it_would_be_emulated_and_says_why(
 def test_unknown_dtype_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         bench_models.main(["--dtype", "fp16", "--out", str(tmp_path / "x.json")])
+
+
+@pytest.mark.slow
+def test_compile_is_timed_against_eager_with_the_compilation_apart(tmp_path):
+    tiny = ["--size", "tiny", "--steps", "2", "--warmup", "1", "--matmul-n", "128"]
+    args = [*tiny, "--models", "gpt", "--dtype", "fp32", "--compile", "--device", "cpu"]
+    report = bench_models.main([*args, "--out", str(tmp_path / "models.json")])
+    (row,) = report["results"]
+    assert row["ours_compiled"]["median_step_s"] > 0
+    assert row["compile"]["speedup"] == pytest.approx(
+        row["ours"]["median_step_s"] / row["ours_compiled"]["median_step_s"]
+    )
+    assert row["compile"]["compile_s"] > 0  # compiling takes longer than a tiny eager step
+    assert "torch.compile" in bench_models.table(report)

@@ -5,6 +5,7 @@ the schedule, and real runs whose schedule ends on time, even with artificially 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -117,3 +118,52 @@ def test_a_budgeted_run_ends_its_schedule_within_the_budget(tmp_path, delay, sma
 def test_budget_settings_that_cannot_work_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message):
         check_config(compose_pretrain(*overrides))
+
+
+class FakeRun:
+    """Drives a `TimeBudget` as Lightning would, one optimizer step at a time, on a clock that
+    the test advances by each step's duration."""
+
+    def __init__(self, budget_s: float, max_steps: int = 100_000) -> None:
+        self.now = 0.0
+        self.loop = SimpleNamespace(max_steps=max_steps, _should_accumulate=lambda: False)
+        self.trainer = SimpleNamespace(
+            global_step=0,
+            fit_loop=SimpleNamespace(epoch_loop=self.loop),
+            strategy=SimpleNamespace(broadcast=lambda value, src: value),
+            is_global_zero=True,
+        )
+        self.budget = TimeBudget(budget_s, Pace(max_steps))
+        self.module = SimpleNamespace(log=lambda *args, **kwargs: None)
+
+    def run(self, step_seconds) -> int:
+        """Steps until the planned end; `step_seconds(step)` is step `step`'s duration."""
+        import pipeline.budget as budget_module
+
+        budget_module.clock = lambda: self.now
+        try:
+            self.budget.on_train_start(self.trainer, self.module)
+            while self.trainer.global_step < self.loop.max_steps:
+                self.now += step_seconds(self.trainer.global_step + 1)
+                self.trainer.global_step += 1
+                self.budget.on_train_batch_end(self.trainer, self.module, None, None, 0)
+        finally:
+            budget_module.clock = time.monotonic
+        return self.trainer.global_step
+
+
+def test_a_validation_does_not_shrink_the_plan_and_each_fraction_decides_once():
+    # 1 s steps, with a 20 s validation every 100 steps: 1.2 s per step in all, so a 600 s
+    # budget less its 3% margin holds about 485 steps
+    fake = FakeRun(600)
+    steps = fake.run(lambda step: 1.0 + (20.0 if step % 100 == 0 else 0.0))
+    assert 460 <= steps <= 500 and fake.now <= 600
+    assert fake.budget.decisions <= 1 + len(TimeBudget.REPLAN_AT)
+
+
+def test_the_plan_grows_back_when_steps_speed_up_and_max_steps_caps_it():
+    fake = FakeRun(300)
+    steps = fake.run(lambda step: 3.0 if step <= 20 else 1.0)  # slow at first, then faster
+    assert fake.now <= 300 and steps > 200  # planned again past the first, slow estimate
+    capped = FakeRun(300, max_steps=50)
+    assert capped.run(lambda step: 1.0) == 50
