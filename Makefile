@@ -98,16 +98,16 @@ bench: $(STAMP)  ## Run every benchmark; write bench/results/<date>_<host>.json 
 	$(PRELOAD) $(PY) bench/run_all.py $(if $(QUICK),--quick)
 
 bench-models: $(STAMP)  ## Training-step tokens/s of our models vs transformers, and compiled (QUICK=1: short, eager only)
-	$(PRELOAD) $(PY) bench/bench_models.py $(if $(QUICK),--quick,--compile) --out outputs/bench/models.json
+	$(PRELOAD) $(PY) bench/bench_models.py $(if $(QUICK),--quick,--compile) --out outputs/bench/models.json $(ARGS)
 
 bench-data: $(STAMP)  ## Token-store MB/s vs raw tokenizer, loader batches/s (QUICK=1: short)
-	$(PRELOAD) $(PY) bench/bench_data.py $(if $(QUICK),--quick) --out outputs/bench/data.json
+	$(PRELOAD) $(PY) bench/bench_data.py $(if $(QUICK),--quick) --out outputs/bench/data.json $(ARGS)
 
-bench-loss: $(STAMP)  ## Time to loss: make pretrain vs a transformers loop, same budget (QUICK=1: short)
-	$(PRELOAD) $(PY) bench/bench_time_to_loss.py $(if $(QUICK),--quick) --out outputs/bench/time_to_loss.json
+bench-loss: $(STAMP)  ## Time to loss: make pretrain vs a transformers loop, same budget (QUICK=1: short; ARGS="--recipe optim=muon")
+	$(PRELOAD) $(PY) bench/bench_time_to_loss.py $(if $(QUICK),--quick) --out outputs/bench/time_to_loss.json $(ARGS)
 
 bench-gpu: $(STAMP)  ## GPU only: bf16 BERT-base / GPT-124M tokens/s, MFU, memory vs transformers
-	$(PRELOAD) $(PY) bench/bench_gpu.py $(if $(QUICK),--quick) --out outputs/bench/gpu.json
+	$(PRELOAD) $(PY) bench/bench_gpu.py $(if $(QUICK),--quick) --out outputs/bench/gpu.json $(ARGS)
 
 bench-memory: $(STAMP)  ## Peak RSS of data preparation and training, ours vs transformers (QUICK=1: short)
 	$(PRELOAD) $(PY) bench/bench_memory.py $(if $(QUICK),--quick) --out outputs/bench/memory.json

@@ -12,8 +12,9 @@ import torch
 from models.bert import BertForPreTraining
 from models.config import BertConfig, GPTConfig
 from models.gpt import GPT
+from pipeline import precision
 from pipeline.config import ConfigError, check_config
-from pipeline.muon import MuonWithAdamW
+from pipeline.muon import MuonWithAdamW, fast_dtype, orthogonalize
 from pipeline.optim import build_optimizer
 from tests.conftest import compose_pretrain
 
@@ -24,6 +25,8 @@ BERT_CONFIG = BertConfig(
     vocab_size=256, d_model=64, n_layers=2, n_heads=2, d_ff=128, max_seq_len=32
 )
 MUON = functools.partial(MuonWithAdamW, lr=2e-3, weight_decay=0.1, adamw_lr=1e-3)
+# torch.optim.Muon orthogonalizes in bf16: compared with it in bf16
+MUON_BF16 = functools.partial(MUON, ns_dtype="bfloat16")
 
 
 def grouped_names(model, optimizer) -> tuple[set[str], set[str]]:
@@ -60,7 +63,7 @@ def test_one_step_is_muons_on_the_matrices_and_adamws_on_the_rest():
     torch.manual_seed(0)
     model = GPT(GPT_CONFIG)
     alone = copy.deepcopy(model)
-    combined = build_optimizer(model, MUON)
+    combined = build_optimizer(model, MUON_BF16)
     muon_names, _ = grouped_names(model, combined)
     params = dict(alone.named_parameters())
     muon_alone = torch.optim.Muon(
@@ -84,6 +87,24 @@ def test_one_step_is_muons_on_the_matrices_and_adamws_on_the_rest():
                 optimizer.zero_grad()
     for name, param in model.named_parameters():
         assert torch.allclose(param, dict(alone.named_parameters())[name], atol=1e-7), name
+
+
+def test_orthogonalizing_in_fp32_gives_singular_values_near_one():
+    grad = torch.randn(48, 160, generator=torch.Generator().manual_seed(0))
+    for matrix in (grad, grad.T):  # wide and tall
+        singular = torch.linalg.svdvals(orthogonalize(matrix, 5, torch.float32))
+        assert singular.min() > 0.5 and singular.max() < 1.3
+        assert orthogonalize(matrix, 5, torch.float32).shape == matrix.shape
+
+
+def test_the_orthogonalization_is_bf16_only_where_the_cpu_has_it(monkeypatch):
+    fast_dtype.cache_clear()
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2"})
+    assert fast_dtype(torch.device("cpu")) == torch.float32
+    fast_dtype.cache_clear()
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16"})
+    assert fast_dtype(torch.device("cpu")) == torch.bfloat16
+    fast_dtype.cache_clear()
 
 
 def test_a_restored_optimizer_continues_exactly():
