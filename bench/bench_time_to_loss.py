@@ -216,12 +216,12 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
         overrides = args.recipe if args.recipe is not None else RECIPES[family]
         paced = [f"trainer.budget={args.budget_s}s", "trainer.max_time=null", *overrides]
         print(f"{family}: ours, best recipe ({' '.join(paced)})", flush=True)
-        recipe_run, rows = pretrain("recipe", 1_000_000, val_every, *paced)
-        points = validation_points(rows)
+        recipe_run, recipe_rows = pretrain("recipe", 1_000_000, val_every, *paced)
+        recipe_points = validation_points(recipe_rows)
         recipe = {
             "overrides": paced,
-            "steps": points[-1]["step"] if points else 0,
-            "points": points,
+            "steps": recipe_points[-1]["step"] if recipe_points else 0,
+            "points": recipe_points,
         }
     for checkpoints in (work / "runs").glob("*/*/checkpoints"):
         shutil.rmtree(checkpoints)  # ~0.5 GB of by-products; logs and the HF export stay
