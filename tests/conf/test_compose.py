@@ -14,7 +14,9 @@ from omegaconf import OmegaConf
 
 from datamodules.corpus import EmbeddedCorpus, TextFilesCorpus
 from models.config import BertConfig, GPTConfig
+from models.gpt import GPT
 from pipeline.config import check_config
+from pipeline.optim import build_optimizer
 from pipeline.pretraining import trainer_arguments
 from tests.conftest import CONF, compose_pretrain
 
@@ -80,9 +82,10 @@ def test_option_composes_and_instantiates(group, option, tmp_path, text_file):
     OmegaConf.resolve(cfg)
     plan = check_config(cfg)  # model, tokenizer, objective, data, optim and trainer checks
 
-    params = [torch.nn.Parameter(torch.zeros(2, 2))]
-    optimizer = instantiate(cfg.optim)(params)
-    assert optimizer.defaults["lr"] == cfg.optim.lr
+    # bound as the LightningModule binds it, to a (tiny) model of a registered family
+    tiny = GPT(GPTConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1))
+    optimizer = build_optimizer(tiny, instantiate(cfg.optim))
+    assert optimizer.param_groups[0]["lr"] == cfg.optim.lr
     scheduler = instantiate(cfg.schedule)(optimizer, total_steps=cfg.trainer.max_steps)
     assert scheduler.get_last_lr()[0] > 0
 
