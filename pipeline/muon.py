@@ -4,8 +4,8 @@
 Muon (momentum, then the update orthogonalized by Newton-Schulz iterations) suits the 2-D
 matrices of the hidden layers. Its step is written here rather than taken from `torch.optim.Muon`,
 which orthogonalizes in bf16 always: on a CPU without native bf16 that made a step ten times
-slower; here the orthogonalization runs in bf16 only where the hardware has it (`fast_dtype`). Embeddings, the output layer and task heads, norm
-gains and biases are not hidden matrices (a row of an embedding is a lookup, not a linear map)
+slower; here the orthogonalization runs in bf16 only where the hardware has it (`fast_dtype`).
+Embeddings, the output layer and task heads, norm gains and biases are not hidden matrices (a row of an embedding is a lookup, not a linear map)
 and keep AdamW, as Muon's authors prescribe. Both sit in one `torch.optim.Optimizer`: Lightning,
 the learning-rate schedule (which scales every group's peak), gradient clipping, DDP and
 checkpoints see a single optimizer with one state and one step. With
@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from pipeline.optim import weight_decay_groups
+from pipeline.precision import native_bf16_flags
 
 # Newton-Schulz quintic coefficients of Muon's reference implementation (Jordan et al., 2024),
 # also torch.optim.Muon's defaults.
@@ -53,8 +54,6 @@ def fast_dtype(device: torch.device) -> torch.dtype:
     2-core AVX2 CPU went from ~1 s to ~10 s per step)."""
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    from pipeline.precision import native_bf16_flags
-
     return torch.bfloat16 if native_bf16_flags() else torch.float32
 
 
@@ -99,16 +98,27 @@ class MuonWithAdamW(torch.optim.Optimizer):
             if "muon" not in group:
                 raise ValueError("every param group needs `muon`: True or False")
             if group["muon"]:
-                group.setdefault("lr", lr)
-                group.setdefault("weight_decay", weight_decay)
+                # in the group, as torch optimizers keep them: saved with the state, and a
+                # resumed run's config applies (pipeline.optim.HYPERPARAMETERS)
+                for key, value in (
+                    ("lr", lr),
+                    ("weight_decay", weight_decay),
+                    ("momentum", momentum),
+                    ("nesterov", nesterov),
+                    ("ns_steps", ns_steps),
+                    ("adjust_lr_fn", adjust_lr_fn),
+                    ("ns_dtype", ns_dtype),
+                ):
+                    group.setdefault(key, value)
                 if any(p.ndim != 2 for p in group["params"]):
-                    raise ValueError("Muon's parameter groups must hold 2-D matrices only")
+                    raise ValueError(
+                        "optim=muon needs whole 2-D weight matrices, but some are not (FSDP "
+                        "flattens them); use trainer=ddp, or optim=adamw_gpt with FSDP"
+                    )
             else:
                 group.setdefault("lr", adamw_lr or lr)
         muon = [g for g in groups if g["muon"] and g["params"]]
         adamw = [g for g in groups if not g["muon"] and g["params"]]
-        self.momentum, self.nesterov, self.ns_steps = momentum, nesterov, ns_steps
-        self.adjust_lr_fn, self.ns_dtype = adjust_lr_fn, ns_dtype
         # AdamW fills its defaults into its group dicts; it steps them, sharing this state.
         self._adamw = (
             torch.optim.AdamW(adamw, lr=adamw_lr or lr, betas=betas, eps=eps) if adamw else None
@@ -140,7 +150,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         return loss
 
     def _muon_step(self, group: dict) -> None:
-        mu, lr = self.momentum, group["lr"]
+        mu, lr = group["momentum"], group["lr"]
         for param in group["params"]:
             if param.grad is None:
                 continue
@@ -150,15 +160,15 @@ class MuonWithAdamW(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(grad)
             buffer = state["momentum_buffer"]
             buffer.lerp_(grad, 1 - mu)
-            update = grad.lerp(buffer, mu) if self.nesterov else buffer
+            update = grad.lerp(buffer, mu) if group["nesterov"] else buffer
             dtype = (
                 fast_dtype(param.device)
-                if self.ns_dtype == "auto"
-                else getattr(torch, self.ns_dtype)
+                if group["ns_dtype"] == "auto"
+                else getattr(torch, group["ns_dtype"])
             )
-            update = orthogonalize(update, self.ns_steps, dtype)
+            update = orthogonalize(update, group["ns_steps"], dtype)
             rows, cols = param.shape
-            if self.adjust_lr_fn == "match_rms_adamw":
+            if group["adjust_lr_fn"] == "match_rms_adamw":
                 scale = 0.2 * math.sqrt(max(rows, cols))
             else:
                 scale = math.sqrt(max(1.0, rows / cols))
@@ -172,8 +182,6 @@ class MuonWithAdamW(torch.optim.Optimizer):
         """Muon: the weight matrices of the model's transformer blocks (its family's
         `block_class`); AdamW: the rest, with decay on linear weights only (`pipeline.optim`).
 
-        Raises:
-            ValueError: the matrices are not 2-D (FSDP's flat shards).
         """
         from pipeline.families import family_of_model  # the registry imports the modules
 
@@ -187,11 +195,6 @@ class MuonWithAdamW(torch.optim.Optimizer):
             if isinstance(m, nn.Linear)
         }
         matrices = [p for p in model.parameters() if id(p) in hidden and p.requires_grad]
-        if any(p.ndim != 2 for p in matrices):
-            raise ValueError(
-                "optim=muon needs whole 2-D weight matrices, but the model's are flattened "
-                "(FSDP shards them); use trainer=ddp, or optim=adamw_gpt with FSDP"
-            )
         decay = weight_decay if adamw_decay is None else adamw_decay
         others = [
             {**g, "params": [p for p in g["params"] if id(p) not in hidden], "muon": False}

@@ -63,28 +63,26 @@ def build_trainer(
     run_dir: Path,
     extras: L.Callback,
     *,
-    pace: Pace | None = None,
+    budget: TimeBudget | None = None,
     resume_id: str | None = None,
 ) -> L.Trainer:
-    """The Trainer of a run; `pace`: the schedule's, when the run has a time budget;
+    """The Trainer of a run; `budget`: the callback that sizes a run with a time budget;
     `resume_id`: the wandb run to continue (see pipeline/loggers.py)."""
     accumulate = cfg.trainer.accumulate_grad_batches
     # optimizer steps -> the micro-batches Lightning counts
     val_every = cfg.trainer.val_check_interval * accumulate
     loggers = build_loggers(cfg, run_dir, job_type="pretrain", resume_id=resume_id)
-    budget = budget_seconds(cfg.trainer)
-    sized = [TimeBudget(budget, pace)] if budget is not None and pace is not None else []
     return instantiate(
         trainer_arguments(cfg.trainer),
         precision=cfg.trainer.precision or best_precision(),
         val_check_interval=val_every,
         # a backstop: the budget's plan ends the run before it
-        max_time=timedelta(seconds=budget) if budget is not None else cfg.trainer.max_time,
+        max_time=timedelta(seconds=budget.seconds) if budget else cfg.trainer.max_time,
         logger=loggers or False,
         callbacks=[
             Throughput(),
             extras,
-            *sized,
+            *([budget] if budget else []),
             GracefulStop(),
             *progress_bar(cfg.trainer),
             *checkpoint_callbacks(run_dir, **cfg.checkpoint),
@@ -128,7 +126,8 @@ def assemble(
     model_config = sized_model_config(plan, tokenizer)
     datamodule = build_datamodule(cfg, plan, tokenizer)
     # a run with a time budget paces its schedule by the steps the budget holds
-    pace = Pace(cfg.trainer.max_steps) if budget_seconds(cfg.trainer) is not None else None
+    seconds = budget_seconds(cfg.trainer)
+    pace = Pace(cfg.trainer.max_steps) if seconds is not None else None
     module = family_named(plan.family).module_class(
         model_config,
         optimizer=instantiate(cfg.optim),
@@ -143,7 +142,8 @@ def assemble(
         OmegaConf.to_container(cfg, resolve=True),
         trained_seq_len=plan.objective.seq_len,
     )
-    trainer = build_trainer(cfg, run_dir, extras, pace=pace, resume_id=resume_id)
+    budget = TimeBudget(seconds, pace) if pace is not None else None
+    trainer = build_trainer(cfg, run_dir, extras, budget=budget, resume_id=resume_id)
     return module, datamodule, trainer
 
 
