@@ -32,7 +32,7 @@ TCMALLOC_PRELOAD = $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC) TCMALLOC_LARGE_ALLOC_
 RUN     = LMPIPE_FROM_MAKE=1 $(PRELOAD) exec $(PY) -m
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock pretrain generate evaluate-lm fill-mask finetune evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-gpu bench-memory lint format clean
+.PHONY: help setup lock pretrain generate evaluate-lm fill-mask finetune glue evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-gpu bench-memory lint format clean
 
 help:  ## List the targets
 	@echo "usage: make <target> [hydra overrides...]   e.g. make pretrain model=gpt trainer.max_steps=50"
@@ -71,6 +71,9 @@ fill-mask: $(STAMP)  ## A trained BERT's guesses: make fill-mask ckpt=PATH text=
 
 finetune: $(STAMP)  ## Fine-tune on a task: make finetune task=sst2 ckpt=PATH [seed=1,2,3 sweeps]
 	$(RUN) pipeline.commands.finetune
+
+glue: $(STAMP)  ## Pretrained vs from-scratch twin vs baselines on a task suite: make glue ckpt=PATH [suite=full seeds=5]
+	$(RUN) pipeline.commands.glue
 
 evaluate: $(STAMP)  ## Dev metrics of a fine-tuned model: make evaluate ckpt=outputs/finetune/<task>/<run>
 	$(RUN) pipeline.commands.evaluate

@@ -221,6 +221,11 @@ class FinetuneDataModule(L.LightningDataModule):
         seed: seed of the per-epoch training order.
         max_examples: read only the first this many examples of each split (quick runs, tests);
             with `task.labels` null, labels are then collected from those examples only.
+        train_examples: train on a fixed random sample of this many training examples
+            (`datamodules.task_files.fixed_sample`; the same for every seed); the evaluation
+            splits are read whole. None: all of them.
+        eval_examples: score on a fixed random sample of this many examples of each
+            evaluation split (a probe's quick estimate); None: all of them.
         predict_task: the spec of the unlabelled splits served by `predict_dataloader()`
             (`TaskSpec.prediction_spec()`); None: none.
         label_map: the label map to use (a fine-tuned model's); None: from the task.
@@ -238,6 +243,8 @@ class FinetuneDataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 1234,
         max_examples: int | None = None,
+        train_examples: int | None = None,
+        eval_examples: int | None = None,
         predict_task: TaskSpec | None = None,
         label_map: LabelMap | None = None,
     ) -> None:
@@ -271,6 +278,7 @@ class FinetuneDataModule(L.LightningDataModule):
             eval_batch_size,
         )
         self.num_workers, self.seed, self.max_examples = num_workers, seed, max_examples
+        self.train_examples, self.eval_examples = train_examples, eval_examples
         self._tokenizer = task_tokenizer(tokenizer, tokenizer_kind, max_seq_len)
         ids = special_ids(tokenizer, tokenizer_kind)
         self.pad_id = ids.pad
@@ -373,12 +381,14 @@ class FinetuneDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> list[DataLoader]:
-        return [self._eval_loader(s) for s in self.eval_splits]
+        return [self.eval_loader(s) for s in self.eval_splits]
 
     def predict_dataloader(self) -> list[DataLoader]:
-        return [self._eval_loader(s) for s in self.predict_splits]
+        return [self.eval_loader(s) for s in self.predict_splits]
 
-    def _eval_loader(self, name: str) -> DataLoader:
+    def eval_loader(self, name: str) -> DataLoader:
+        """An in-order loader of a split read by `setup()` (any split: a probe reads the
+        training split in order too)."""
         split = self._split(name)
         return DataLoader(
             split,
@@ -407,8 +417,10 @@ class FinetuneDataModule(L.LightningDataModule):
         # Before the label map exists (labels collected from the training file) any label
         # is accepted; afterwards a label outside the map is an error naming file and line.
         labels = self.label_map.labels if labels_known and not self.task.is_regression else None
+        is_train = split == self.task.train_split
+        sample = self.train_examples if is_train else self.eval_examples
         self._examples[split] = task_examples(
-            self.task, split, labels=labels, limit=self.max_examples
+            self.task, split, labels=labels, limit=self.max_examples, sample=sample
         )
         self._check_not_empty(self.task, split)
 

@@ -254,17 +254,32 @@ def task_examples(
     *,
     labels: Sequence[str] | None = None,
     limit: int | None = None,
+    sample: int | None = None,
 ) -> list[Example]:
     """The labelled examples of a split: `read_examples`, except that with `spec.dev_fraction`
     the training file is split (seeded, stratified) into the train split and a "dev" split.
 
-    `limit` applies after the split, to each part."""
+    `limit` applies after the split, to each part; `sample` then keeps a fixed random subset of
+    that many examples (`fixed_sample`)."""
     if spec.dev_fraction is None or split not in (spec.train_split, CARVED_DEV):
-        return read_examples(spec, split, labels=labels, limit=limit)
+        return fixed_sample(read_examples(spec, split, labels=labels, limit=limit), sample)
     examples = read_examples(spec, spec.train_split, labels=labels)
     dev = set(stratified_holdout(examples, spec.dev_fraction, spec.split_seed).tolist())
     part = [e for i, e in enumerate(examples) if (i in dev) == (split == CARVED_DEV)]
-    return part if limit is None else part[:limit]
+    return fixed_sample(part if limit is None else part[:limit], sample)
+
+
+def fixed_sample(examples: list[Example], size: int | None, seed: int = 0) -> list[Example]:
+    """`size` of `examples` drawn at random (without replacement, in file order), the same draw
+    for every run of the same file: runs that differ in their seed train on the same subset,
+    and files sorted by topic or label (STS-B by genre) are not cut to their first part.
+    None, or a size of at least `len(examples)`, keeps them all."""
+    if size is None or size >= len(examples):
+        return examples
+    if size < 1:
+        raise ValueError(f"a sample of {size} examples: use a positive size, or null for all")
+    chosen = np.sort(np.random.default_rng(seed).choice(len(examples), size, replace=False))
+    return [examples[i] for i in chosen]
 
 
 def stratified_holdout(examples: Sequence[Example], fraction: float, seed: int) -> np.ndarray:

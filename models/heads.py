@@ -17,7 +17,52 @@ from models.bert import BertForPreTraining, BertModel
 from models.gpt import GPT, GPTModel
 from models.pooling import ChunkAttentionPooling, aggregate_chunk_logits
 
-__all__ = ["DocumentClassifier", "SequenceClassifier", "last_token_index", "sequence_loss"]
+__all__ = [
+    "DocumentClassifier",
+    "SequenceClassifier",
+    "backbone_of",
+    "last_token_index",
+    "mean_token_states",
+    "sequence_loss",
+]
+
+
+def backbone_of(model: BertModel | GPTModel | BertForPreTraining | GPT) -> BertModel | GPTModel:
+    """The encoder or decoder stack of a model, without its pretraining heads."""
+    if isinstance(model, BertForPreTraining):
+        model = model.bert
+    elif isinstance(model, GPT):
+        model = model.model
+    if not isinstance(model, BertModel | GPTModel):
+        raise TypeError(f"unsupported backbone {type(model).__name__}; use BERT or GPT")
+    return model
+
+
+def token_states(
+    backbone: BertModel | GPTModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    token_type_ids: torch.Tensor | None = None,
+):
+    """(B, T, D) last-layer states of either backbone."""
+    if isinstance(backbone, BertModel):
+        return backbone(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).hidden_states
+    return backbone(input_ids, attention_mask=attention_mask)
+
+
+def mean_token_states(
+    backbone: BertModel | GPTModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    token_type_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(B, D) the mean of the last-layer states of each row's real tokens: sequence features
+    that need no trained pooler (a probe's, `pipeline/probe.py`)."""
+    h_BTD = token_states(backbone, input_ids, attention_mask, token_type_ids)
+    mask_BT1 = attention_mask.to(h_BTD.dtype).unsqueeze(-1)
+    return (h_BTD * mask_BT1).sum(1) / mask_BT1.sum(1).clamp_min(1.0)
 
 
 def last_token_index(attention_mask_BT: torch.Tensor) -> torch.Tensor:
@@ -50,12 +95,7 @@ class SequenceClassifier(nn.Module):
         init_std: float = 0.02,
     ) -> None:
         super().__init__()
-        if isinstance(backbone, BertForPreTraining):
-            backbone = backbone.bert
-        elif isinstance(backbone, GPT):
-            backbone = backbone.model
-        if not isinstance(backbone, BertModel | GPTModel):
-            raise TypeError(f"unsupported backbone {type(backbone).__name__}; use BERT or GPT")
+        backbone = backbone_of(backbone)
         if n_outputs < 1:
             raise ValueError(f"n_outputs must be >= 1 (1 = regression), got {n_outputs}")
         self.backbone = backbone
@@ -105,7 +145,7 @@ class SequenceClassifier(nn.Module):
             return self.backbone(
                 input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             ).pooled
-        h_BTD = self.backbone(input_ids, attention_mask=attention_mask)
+        h_BTD = token_states(self.backbone, input_ids, attention_mask)
         if attention_mask is None:
             return h_BTD[:, -1]
         rows = torch.arange(h_BTD.shape[0], device=h_BTD.device)

@@ -96,6 +96,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
     _check_positions(model.max_seq_len, objective.seq_len)
     _check_optimizer(cfg.optim)
     _check_muon(cfg.optim, cfg.trainer)
+    _check_probe(cfg.get("probe"), cfg.trainer)
     _check_trainer(cfg.trainer)
     _check_budget(cfg.trainer, cfg.schedule)
     _check_run(cfg)
@@ -157,8 +158,7 @@ def _check_muon(optim: DictConfig, trainer: DictConfig) -> None:
     """Muon orthogonalizes whole weight matrices, which FSDP shards (pipeline/muon.py)."""
     if not str(optim.get("_target_", "")).endswith("MuonWithAdamW"):
         return
-    strategy = trainer.get("strategy")
-    if isinstance(strategy, DictConfig) and "fsdp" in str(strategy.get("_target_", "")):
+    if _shards_weights(trainer):
         raise ConfigError(
             "optim=muon needs whole weight matrices, which trainer=fsdp shards; use trainer=ddp "
             "with optim=muon, or an AdamW optimizer with FSDP (optim=adamw_gpt)"
@@ -170,6 +170,29 @@ def _check_muon(optim: DictConfig, trainer: DictConfig) -> None:
             f"optim.adjust_lr_fn={optim.adjust_lr_fn!r} is not one of match_rms_adamw (Muon's "
             "update at AdamW's RMS: the same lr works), original, or null"
         )
+
+
+def _shards_weights(trainer: DictConfig) -> bool:
+    """Whether the trainer's strategy is FSDP (each process holds a shard of every weight)."""
+    strategy = trainer.get("strategy")
+    return isinstance(strategy, DictConfig) and "fsdp" in str(strategy.get("_target_", ""))
+
+
+def _check_probe(probe: DictConfig | None, trainer: DictConfig) -> None:
+    """Probes run a forward pass of the whole model outside Lightning's loop (pipeline/probe.py)."""
+    if probe is None:
+        return
+    if _shards_weights(trainer):
+        raise ConfigError(
+            "probe=... is not supported with trainer=fsdp (sharded weights); use trainer=ddp, "
+            "or drop the probes (probe=null)"
+        )
+    if not probe.get("tasks"):
+        raise ConfigError("probe.tasks is empty: name at least one task, or set probe=null")
+    for key in ("every_n_steps", "train_examples", "dev_examples", "batch_size"):
+        value = probe.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"probe.{key}={value!r}: use a positive integer")
 
 
 def _check_optimizer(optim: DictConfig) -> None:

@@ -38,7 +38,7 @@ from models.config import BertConfig, GPTConfig
 from pipeline.checkpoints import AtomicCheckpointIO, CheckpointExtras
 from pipeline.cli import command_overrides
 from pipeline.config import ConfigError
-from pipeline.load import read_checkpoint, resolve_checkpoint
+from pipeline.load import CheckpointSource, read_checkpoint, resolve_checkpoint
 from pipeline.loggers import (
     build_loggers,
     log_run_end,
@@ -159,8 +159,11 @@ def head_spec(cfg: DictConfig, task: TaskSpec, label_map: LabelMap) -> HeadSpec:
 # --- make finetune -------------------------------------------------------------------------------
 
 
-def finetune(cfg: DictConfig) -> FinetuneResults:
-    """Train on the task, evaluate, write results.json; returns the results."""
+def finetune(cfg: DictConfig, source: CheckpointSource | None = None) -> FinetuneResults:
+    """Train on the task, evaluate, write results.json; returns the results.
+
+    `source`: `cfg.ckpt` already read (`resolve_checkpoint`), for a caller that fine-tunes
+    the same checkpoint many times (`make glue`); None reads it here."""
     if cfg.get("ckpt") is None:
         raise ConfigError(
             "ckpt is not set: give the pretrained model, e.g. ckpt=outputs/bert/<run> (a run "
@@ -171,7 +174,7 @@ def finetune(cfg: DictConfig) -> FinetuneResults:
     run_dir = Path(cfg.paths.output_dir)
     refuse_overwrite("finetune", run_dir)
     task = task_from(cfg.get("task"))
-    source = resolve_checkpoint(cfg.ckpt)  # read once, for the backbone and its wandb run
+    source = source or resolve_checkpoint(cfg.ckpt)  # once, for the backbone and its wandb run
     pretrained = load_backbone(source)
     backbone, tokenizer, kind, family = (
         pretrained.model,

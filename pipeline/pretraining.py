@@ -31,8 +31,9 @@ from pipeline.checkpoints import (
     resume_checkpoint,
 )
 from pipeline.cli import launcher_rank
-from pipeline.config import RunPlan
+from pipeline.config import ConfigError, RunPlan
 from pipeline.families import family_named
+from pipeline.finetuning import task_from
 from pipeline.interrupt import GracefulStop
 from pipeline.load import load_pretrained, read_checkpoint
 from pipeline.loggers import (
@@ -45,6 +46,7 @@ from pipeline.loggers import (
 )
 from pipeline.modules import PretrainModule
 from pipeline.precision import best_precision
+from pipeline.probe import Probe
 from pipeline.run_folder import attempt_record, first_process
 from tokenizer import get_tokenizer
 
@@ -64,10 +66,11 @@ def build_trainer(
     extras: L.Callback,
     *,
     budget: TimeBudget | None = None,
+    probe: Probe | None = None,
     resume_id: str | None = None,
 ) -> L.Trainer:
     """The Trainer of a run; `budget`: the callback that sizes a run with a time budget;
-    `resume_id`: the wandb run to continue (see pipeline/loggers.py)."""
+    `probe`: downstream probes; `resume_id`: the wandb run to continue (pipeline/loggers.py)."""
     accumulate = cfg.trainer.accumulate_grad_batches
     # optimizer steps -> the micro-batches Lightning counts
     val_every = cfg.trainer.val_check_interval * accumulate
@@ -83,6 +86,7 @@ def build_trainer(
             Throughput(),
             extras,
             *([budget] if budget else []),
+            *([probe] if probe else []),
             GracefulStop(),
             *progress_bar(cfg.trainer),
             *checkpoint_callbacks(run_dir, **cfg.checkpoint),
@@ -143,8 +147,29 @@ def assemble(
         trained_seq_len=plan.objective.seq_len,
     )
     budget = TimeBudget(seconds, pace) if pace is not None else None
-    trainer = build_trainer(cfg, run_dir, extras, budget=budget, resume_id=resume_id)
+    probe = build_probe(cfg.get("probe"), tokenizer, plan)
+    trainer = build_trainer(cfg, run_dir, extras, budget=budget, probe=probe, resume_id=resume_id)
     return module, datamodule, trainer
+
+
+def build_probe(node: DictConfig | None, tokenizer: Tokenizer, plan: RunPlan) -> Probe | None:
+    """The run's downstream probes (`probe=glue`), their data read and encoded now, so that a
+    missing task file stops the run before it trains; None without `probe`."""
+    if node is None:
+        return None
+    try:
+        return Probe(
+            [task_from(task) for task in node.tasks.values()],
+            tokenizer,
+            plan.tokenizer.kind,
+            seq_len=plan.objective.seq_len,
+            every_n_steps=node.every_n_steps,
+            train_examples=node.train_examples,
+            dev_examples=node.dev_examples,
+            batch_size=node.batch_size,
+        )
+    except (ConfigError, ValueError) as err:  # TaskDataError: a missing file, a bad column
+        raise ConfigError(f"probe: {err}; or run without probes (probe=null)") from err
 
 
 def resumed_tokenizer(resumed: dict | None, cfg: DictConfig) -> Tokenizer | None:

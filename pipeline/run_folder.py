@@ -9,9 +9,9 @@ checks that need nothing but the command line before Hydra writes anything:
 - `run_name` is one folder name (no `/`, `..`), so a run stays under `outputs/<model>/`;
 - a fresh run into a folder that holds a run is refused (`refuse_overwrite`, which the commands
   also call themselves, for runs started without Hydra);
-- a resumed pretraining run keeps the first attempt's `.hydra/` record and writes its own into
-  `.hydra/resume-<time>/`, so a resume refused later (a checkpoint that does not fit the
-  config) leaves the record of the trained run in place.
+- a resumed pretraining run (or `make glue` suite) keeps the first attempt's `.hydra/` record
+  and writes its own into `.hydra/resume-<time>/`, so a resume refused later (a checkpoint that
+  does not fit the config) leaves the record of the trained run in place.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from pipeline.cli import launcher_rank
 from pipeline.config import ConfigError, check_run_name
 from pipeline.results import RESULTS
 
-Command = Literal["pretrain", "finetune"]
+Command = Literal["pretrain", "finetune", "glue"]
+SUITE_RECORD = "glue_suite.json"  # a `make glue` suite folder (pipeline/glue.py)
 CHECKPOINT_DIR = "checkpoints"
 RECORD_DIR = ".hydra"
 
@@ -87,7 +88,9 @@ class RunFolderGuard(Callback):
         except ConfigError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
-        if self.command == "pretrain" and resumes_a_run(run_dir, config.get("resume")):
+        if (self.command == "pretrain" and resumes_a_run(run_dir, config.get("resume"))) or (
+            self.command == "glue" and (run_dir / SUITE_RECORD).is_file()
+        ):
             stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = f"{RECORD_DIR}/resume-{stamp}"

@@ -19,6 +19,8 @@ from pipeline.report.plots import (
     plot_curves,
     plot_finetune_curves,
     plot_finetune_scores,
+    plot_probes,
+    plot_suite,
     plot_throughput,
 )
 from pipeline.report.runs import (
@@ -29,7 +31,13 @@ from pipeline.report.runs import (
     find_runs,
     finetune_groups,
 )
-from pipeline.report.tables import config_table, final_metrics_table, finetune_tables
+from pipeline.report.tables import (
+    config_table,
+    final_metrics_table,
+    finetune_tables,
+    suite_table,
+)
+from pipeline.suite_summary import SuiteSummary
 
 
 @dataclass
@@ -105,6 +113,12 @@ def _pretrain_section(builder: _Builder, runs: list[PretrainRun]) -> None:
             f"no run logged any of {columns} in logs/metrics.csv",
         )
     builder.plot(
+        "probes",
+        "Downstream probes during pretraining",
+        lambda path: plot_probes(runs, path),
+        "no run logged probe/<task>/<metric> (make pretrain probe=glue)",
+    )
+    builder.plot(
         "throughput",
         "Throughput and MFU",
         lambda path: plot_throughput(runs, path),
@@ -141,6 +155,18 @@ def _finetune_section(builder: _Builder, runs: list[FinetuneRun]) -> None:
         )
 
 
+def _suite_section(builder: _Builder, suites: list[SuiteSummary]) -> None:
+    for number, summary in enumerate(suites, start=1):
+        builder.heading(f"Downstream suite (make glue): {summary.ckpt}")
+        builder.raw(suite_table(summary))
+        builder.plot(
+            f"suite_{number}",
+            f"Suite of {summary.ckpt}: baseline, from scratch, pretrained",
+            lambda path, summary=summary: plot_suite(summary, path),
+            "no task of the suite has finished",
+        )
+
+
 def write_report(paths: Iterable[str | Path], out: str | Path | None = None) -> Report:
     """Write `report.html` and its PNGs for the runs in `paths` into `out` (default: the first
     run's `report/` folder).
@@ -149,7 +175,7 @@ def write_report(paths: Iterable[str | Path], out: str | Path | None = None) -> 
         ReportError: a path that is missing or holds no run this report understands.
     """
     paths = [Path(p) for p in paths]
-    pretrain, finetune = find_runs(paths)
+    pretrain, finetune, suites = find_runs(paths)
     out = Path(out) if out is not None else paths[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     earlier = set(out.glob("*.png")) if (out / "report.html").is_file() else set()
@@ -158,6 +184,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path | None = None) -> 
         _pretrain_section(builder, pretrain)
     if finetune:
         _finetune_section(builder, finetune)
+    if suites:
+        _suite_section(builder, suites)
     title = "Report: " + ", ".join(str(p) for p in paths)
     runs = "".join(f"<li><code>{html.escape(str(p.resolve()))}</code></li>" for p in paths)
     builder.report.html.write_text(

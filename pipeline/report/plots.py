@@ -17,6 +17,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from pipeline.report.runs import MFU, TOKENS_PER_S, FinetuneRun, PretrainRun, lr_differs
 from pipeline.seeds import summarize_seeds
+from pipeline.suite_summary import SuiteSummary
 
 # Every PNG has this size: 900 x 450 pixels.
 FIGSIZE = (9.0, 4.5)
@@ -186,6 +187,38 @@ def plot_curves(spec: Curves, runs: list[PretrainRun], path: Path) -> bool:
     return True
 
 
+def probe_columns(runs: list[PretrainRun]) -> list[str]:
+    """The `probe/<task>/<metric>` columns any run logged (pipeline/probe.py)."""
+    names = {c for run in runs for c in run.metrics if c.startswith("probe/") and c.count("/") == 2}
+    return sorted(names)
+
+
+def plot_probes(runs: list[PretrainRun], path: Path) -> bool:
+    """Downstream probe scores over steps, each with a dotted line at its step-0 value (the
+    randomly initialized model)."""
+    columns = probe_columns(runs)
+    if not columns:
+        return False
+    figure, axes = new_figure(
+        "Linear probes of the frozen features (dotted: at random init)", "probe score"
+    )
+    many = len(runs) > 1
+    for r, run in enumerate(runs):
+        for k, column in enumerate(columns):
+            steps, values = run.series(column)
+            if not len(values):
+                continue
+            color = PALETTE[(r if many else k) % len(PALETTE)]
+            dash = DASHES[k % len(DASHES)] if many else "-"
+            label = f"{run.label}: {column}" if many else column
+            draw_series(axes, steps, values, label=label, color=color, dash=dash, validation=True)
+            if steps[0] == 0:
+                axes.axhline(values[0], color=color, lw=1, ls=":")
+    axes.legend(fontsize="small")
+    figure.savefig(path)
+    return True
+
+
 def plot_throughput(runs: list[PretrainRun], path: Path) -> bool:
     """Tokens/s (left axis) and, where logged, MFU in percent (right axis)."""
     if not any(run.metrics.get(TOKENS_PER_S) for run in runs):
@@ -285,5 +318,35 @@ def plot_finetune_scores(groups: dict[str, list[FinetuneRun]], path: Path) -> bo
     axes.set_xticks(range(len(columns)), labels, fontsize="small")
     axes.set_xlim(-0.5, len(columns) - 0.2)
     axes.margins(y=0.15)
+    figure.savefig(path)
+    return True
+
+
+def plot_suite(summary: SuiteSummary, path: Path) -> bool:
+    """A `make glue` suite: per task, the best non-neural baseline, the from-scratch twin and
+    the pretrained model (GLUE scores; bars at the mean, whiskers one standard deviation)."""
+    rows = [r for r in summary.rows if r.pretrained.summary or r.scratch.summary]
+    if not rows:
+        return False
+    figure, axes = new_figure(f"Suite of {summary.ckpt}", "score (GLUE, x100)", "")
+    width = 0.27
+    x = np.arange(len(rows))
+    axes.bar(
+        x - width,
+        [r.baseline_score for r in rows],
+        width,
+        color="#bbbbbb",
+        label="best non-neural baseline",
+    )
+    for offset, side, colour, label in (
+        (0.0, "scratch", PALETTE[1], "from scratch"),
+        (width, "pretrained", PALETTE[0], "pretrained"),
+    ):
+        summaries = [getattr(r, side).summary for r in rows]
+        means = [s.mean if s else np.nan for s in summaries]
+        spread = [s.std if s else 0.0 for s in summaries]
+        axes.bar(x + offset, means, width, yerr=spread, color=colour, label=label, capsize=3)
+    axes.set_xticks(x, [r.task for r in rows], fontsize="small")
+    axes.legend(fontsize="small")
     figure.savefig(path)
     return True

@@ -1,8 +1,9 @@
-"""Reading run folders: what `make pretrain` and `make finetune` leave behind.
+"""Reading run folders: what `make pretrain`, `make finetune` and `make glue` leave behind.
 
 A pretraining run folder holds `logs/metrics.csv`, and its config in `logs/hparams.yaml` (written
 by pipeline/loggers.py), else `.hydra/config.yaml`. A fine-tuning run folder holds
-`results.json`; a multirun folder holds one fine-tuning run per numbered subfolder.
+`results.json`; a multirun folder holds one fine-tuning run per numbered subfolder; a suite
+folder of `make glue` holds `glue_suite.json` (read by `pipeline.suite_summary`).
 
 Rows of Lightning's CSV log are sparse (training and validation metrics on different rows); a
 resumed run repeats the steps between its checkpoint and the crash, and the last row of a step
@@ -22,6 +23,8 @@ import numpy as np
 import yaml
 
 from pipeline.results import RESULTS, FinetuneResults, ResultsError
+from pipeline.run_folder import SUITE_RECORD
+from pipeline.suite_summary import SuiteSummary, summarize_suite
 
 Series = dict[int, float]  # step -> value
 
@@ -134,8 +137,10 @@ class FinetuneRun:
         return self.results.scores(which)
 
 
-def find_runs(paths: Iterable[Path]) -> tuple[list[PretrainRun], list[FinetuneRun]]:
-    """The runs in the given folders.
+def find_runs(
+    paths: Iterable[Path],
+) -> tuple[list[PretrainRun], list[FinetuneRun], list[SuiteSummary]]:
+    """The runs in the given folders: pretraining runs, fine-tuning runs, `make glue` suites.
 
     Raises:
         ReportError: a path that is not a folder or holds no run this report understands.
@@ -146,13 +151,16 @@ def find_runs(paths: Iterable[Path]) -> tuple[list[PretrainRun], list[FinetuneRu
     names = [p.name for p in paths]
     pretrain: list[PretrainRun] = []
     finetune: list[FinetuneRun] = []
+    suites: list[SuiteSummary] = []
     for path in paths:
         if not path.is_dir():
             raise ReportError(
                 f"run={path}: no such folder; give a run folder of make pretrain or make "
                 "finetune, e.g. run=outputs/gpt/<run_name> (several: run=PATH1,PATH2)"
             )
-        if (path / "results.json").is_file():
+        if (path / SUITE_RECORD).is_file():
+            suites.append(summarize_suite(path))
+        elif (path / "results.json").is_file():
             finetune.append(FinetuneRun.load(path))
         elif jobs := sorted(path.glob("*/results.json"), key=_job_order):
             finetune.extend(FinetuneRun.load(job.parent) for job in jobs)
@@ -161,10 +169,11 @@ def find_runs(paths: Iterable[Path]) -> tuple[list[PretrainRun], list[FinetuneRu
             pretrain.append(PretrainRun.load(path, label))
         else:
             raise ReportError(
-                f"run={path}: found neither logs/metrics.csv (a pretraining run folder) nor "
-                "results.json (a fine-tuning run folder, or a multirun folder of them)"
+                f"run={path}: found neither logs/metrics.csv (a pretraining run folder), "
+                f"results.json (a fine-tuning run folder, or a multirun folder of them) nor "
+                f"{SUITE_RECORD} (a make glue folder)"
             )
-    return pretrain, finetune
+    return pretrain, finetune, suites
 
 
 def _job_order(path: Path) -> tuple[int, str]:

@@ -11,6 +11,7 @@ import numpy as np
 from pipeline.report.plots import smoothing_window
 from pipeline.report.runs import MFU, SKIPPED, TOKENS_PER_S, FinetuneRun, PretrainRun
 from pipeline.seeds import summarize_seeds
+from pipeline.suite_summary import SuiteSummary
 
 # Config summary rows: (label, key); "choice." keys are the Hydra choices, "run." keys the facts
 # logged by pipeline/loggers.py:log_run_start.
@@ -156,3 +157,8 @@ def finetune_tables(runs: list[FinetuneRun], groups: dict[str, list[FinetuneRun]
             detail,
         )
     )
+
+
+def suite_table(summary: SuiteSummary) -> str:
+    """A `make glue` suite's table (as in its glue_summary.md)."""
+    return table(list(summary.HEADER), summary.cells())

@@ -21,8 +21,8 @@ from pipeline.pretraining import trainer_arguments
 from tests.conftest import CONF, compose_pretrain
 
 # conf/task/ belongs to fine-tuning, not to pretrain.yaml; tests/datamodules/test_tasks.py
-# instantiates every task config.
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "task")
+# instantiates every task config. conf/suite/ belongs to glue.yaml (tests/pipeline/test_glue.py).
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("task", "suite"))
 FILE_DATA = {"text_files", "jsonl", "parquet", "wikitext2"}
 GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine"}
 # adamw_finetune leaves lr to pipeline/finetuning.py (by model width); tests/pipeline/test_finetune.py

@@ -191,3 +191,23 @@ def test_every_example_is_served_once_per_epoch(glue_wordpiece):
     seen = [b["example_index"].tolist() for b in dm.train_dataloader()]
     assert sorted(itertools.chain(*seen)) == list(range(N))
     assert [len(s) for s in seen] == [64, 64, 64, 8]
+
+
+def test_train_examples_is_one_random_sample_for_every_seed(glue_wordpiece):
+    spec = task_spec("stsb", f"task.data_dir={GLUE / 'STS-B'}")
+    everything = read_examples(spec, "train")
+    samples = []
+    for seed in (1, 2):
+        dm = FinetuneDataModule(spec, glue_wordpiece, "wordpiece", seed=seed, train_examples=300)
+        dm.setup()
+        samples.append([e.id for e in dm.examples("train")])
+        assert len(dm.examples("dev")) == len(read_examples(spec, "dev"))  # dev is whole
+    assert samples[0] == samples[1] and len(samples[0]) == 300
+    order = {e.id: i for i, e in enumerate(everything)}
+    positions = [order[i] for i in samples[0]]
+    assert positions == sorted(positions)  # file order kept
+    # STS-B's training file is sorted by genre: a sample reaches its last part, a prefix not
+    assert positions[-1] > len(everything) * 0.9
+    whole = FinetuneDataModule(spec, glue_wordpiece, "wordpiece", train_examples=10**6)
+    whole.setup("fit")
+    assert len(whole.examples("train")) == len(everything)

@@ -40,6 +40,9 @@ from tests.conftest import compose_pretrain
         (["checkpoint.keep_last=0"], r"checkpoint\.keep_last must be an integer >= 1, got 0"),
         (["module.max_nonfinite_steps=0"], r"module\.max_nonfinite_steps must be an integer"),
         (["trainer=fsdp", "trainer.strategy.sharding_strategy=zero3"], r"zero3.*FULL_SHARD"),
+        (["probe=glue", "trainer=fsdp"], r"probe=\.\.\. is not supported with trainer=fsdp"),
+        (["probe=glue", "probe.every_n_steps=0"], r"probe\.every_n_steps=0: use a positive"),
+        (["probe=glue", "~probe.tasks"], r"probe\.tasks is empty"),
     ],
 )
 def test_invalid_values_name_the_field(overrides, message):

@@ -21,6 +21,7 @@ from pipeline.checkpoints import (
 )
 from pipeline.load import CheckpointLoadError
 from tests.conftest import CLI_ENV, REPO, ListCorpus, pretrain_command, run_pretrain
+from tests.pipeline.test_probe import probe_overrides, probe_steps, write_probe_tasks
 from tokenizer import TokenizerSpec, get_tokenizer
 
 # bert-tiny has dropout, so the RNG state must be restored too; 40 optimizer steps with a
@@ -420,3 +421,17 @@ def test_resume_auto_stops_when_no_checkpoint_can_be_read(tmp_path):
     with pytest.raises(ConfigError):
         resume_checkpoint("auto", tmp_path, first_process=False)
     assert (checkpoints / "step0000005.ckpt").exists()  # only the first process moves files
+
+
+def test_probes_change_nothing_and_a_probed_run_resumes_exactly(shared_runs):
+    """probe=glue (pipeline/probe.py): a run with probes every 5 steps, killed and resumed,
+    ends exactly as the uninterrupted run without probes: the probes consume no random
+    numbers of training and read no training data."""
+    tmp_path, reference = shared_runs
+    folders = write_probe_tasks(tmp_path / "probe-data")
+    run = (*RUN, f"trainer.max_steps={STEPS}", *probe_overrides(folders), "probe.every_n_steps=5")
+    process = interrupt_mid_run(tmp_path, run, "probed-killed", signal.SIGKILL)
+    assert process.returncode == -signal.SIGKILL
+    start = assert_resumes_exactly(tmp_path, run, "probed-killed", reference(1))
+    logged = probe_steps(tmp_path / "out/bert-tiny/probed-killed")
+    assert {0, start + 5 - start % 5, STEPS} <= set(logged)

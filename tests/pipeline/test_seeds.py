@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.seeds import SeedSummary, summarize_seeds
+from pipeline.seeds import SeedSummary, paired_difference, summarize_seeds, t_quantile
 
 
 def test_summary_of_three_seeds():
@@ -39,3 +39,38 @@ def test_one_seed_has_no_spread():
 def test_no_seeds_is_an_error():
     with pytest.raises(ValueError, match="no scores"):
         summarize_seeds([])
+
+
+@pytest.mark.parametrize(
+    ("df", "quantile"),  # two-sided 95% critical values of Student's t, from any t table
+    [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (30, 2.042)],
+)
+def test_t_quantile_matches_the_table(df, quantile):
+    assert t_quantile(0.975, df) == pytest.approx(quantile, abs=1e-3)
+
+
+def test_t_quantile_tends_to_the_normal_one():
+    assert t_quantile(0.975, 100_000) == pytest.approx(1.95996, abs=1e-3)
+    assert t_quantile(0.95, 100_000) == pytest.approx(1.64485, abs=1e-3)
+
+
+def test_paired_difference_pairs_by_seed():
+    # per-seed differences 0.10, 0.05, 0.06 (seed 4 has no partner and is left out):
+    # mean 0.07, sample sd 0.0264575, half width 4.303 * sd / sqrt(3)
+    diff = paired_difference({1: 0.80, 2: 0.70, 3: 0.76, 4: 0.99}, {3: 0.70, 1: 0.70, 2: 0.65})
+    half = 4.3027 * 0.0264575 / 3**0.5
+    assert diff.n == 3
+    assert diff.mean == pytest.approx(0.07)
+    assert (diff.low, diff.high) == (
+        pytest.approx(0.07 - half, abs=1e-4),
+        pytest.approx(0.07 + half, abs=1e-4),
+    )
+    assert diff.excludes_zero
+
+
+def test_paired_difference_of_one_seed_has_no_interval():
+    diff = paired_difference({1: 0.8}, {1: 0.6})
+    assert (diff.n, diff.low, diff.high, diff.excludes_zero) == (1, None, None, False)
+    assert diff.mean == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="no seed in common"):
+        paired_difference({1: 0.8}, {2: 0.6})

@@ -1,0 +1,46 @@
+"""`make glue`: a pretrained model against its from-scratch twin and non-neural baselines on a
+suite of fine-tuning tasks (pipeline/glue.py).
+
+    python -m pipeline.commands.glue ckpt=outputs/bert/<run>
+    python -m pipeline.commands.glue ckpt=... suite=full seeds=5 run_name=full-5
+
+Returns the suite's average pretrained score (GLUE's, 0-100), for Hydra sweepers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import hydra
+from hydra import compose
+from omegaconf import DictConfig
+
+from pipeline.cli import command_overrides, entry_point, make_command, user_errors
+from pipeline.glue import run_suite
+from pipeline.suite_summary import SUMMARY
+
+
+def load_task(name: str) -> DictConfig:
+    """conf/task/<name>.yaml, composed as `make finetune task=<name>` composes it."""
+    return compose(config_name="glue", overrides=[f"task={name}"]).task
+
+
+@hydra.main(config_path="../../conf", config_name="glue", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    with user_errors():
+        overrides = command_overrides()
+        try:
+            summary = run_suite(cfg, load_task, overrides)
+        except (KeyboardInterrupt, SystemExit):  # Lightning ends fit on Ctrl-C with exit(1)
+            resume = [o for o in overrides if not o.startswith("run_name=")]
+            resume.append(f"run_name={cfg.run_name}")
+            print(f"\nsuite interrupted; to resume it: {make_command('glue', resume)}")
+            raise
+        folder = cfg.paths.output_dir
+        print(f"\n{summary.table()}\n\nwritten to {folder}/{SUMMARY}.md and .json")
+        average = summary.rows[-1].pretrained.summary if summary.rows else None
+        return average.mean if average is not None and math.isfinite(average.mean) else math.nan
+
+
+if __name__ == "__main__":
+    entry_point(main)

@@ -1,0 +1,174 @@
+"""Downstream probes while pretraining: is the model learning features a task can use?
+
+    make pretrain experiment=bert-mini-wikitext2 probe=glue
+
+Every `every_n_steps` optimizer steps, at the end of training, and once before the first step
+(the random-init reference), `Probe` encodes a labelled task's texts with the model being
+trained, frozen, and fits a linear model on the mean of each text's last-layer token states
+(`models.heads.mean_token_states`; no trained pooler needed): logistic regression for classes,
+ridge regression for numbers (`pipeline.baselines.fit_linear`), on a fixed sample of the
+task's training examples, scored on a fixed sample of its dev split with the task's own
+metrics. With the defaults (500 + 500 texts of two tasks, every 200 steps) a probe of BERT mini
+takes a few seconds on a CPU, a few percent of a 20-minute run. The values go
+to every logger as `probe/<task>/<metric>` (and `probe/seconds`, the time the probes took) and
+`make report` plots them over steps, with the step-0 value as the random-init line.
+
+A probe changes nothing in training: the model is put back in the mode it was in, the random
+number generators are restored (`torch.random.fork_rng`), and it reads its own data, not the
+training loader; an interrupted run resumed from its checkpoint continues bit for bit as
+without probes. Every process of a multi-process run computes the probe (it is cheap, and a
+forward pass of a sharded model needs all of them); the first one logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from datamodules.finetune import FinetuneDataModule
+from datamodules.tasks import TaskSpec
+from models.heads import backbone_of, mean_token_states
+from pipeline.baselines import fit_linear, standardize
+from pipeline.task_metrics import task_metrics
+
+log = logging.getLogger(__name__)
+
+PREFIX = "probe"
+
+
+@dataclass
+class _ProbeData:
+    """One task's encoded examples: the loaders of its training sample and its dev split."""
+
+    task: TaskSpec
+    num_labels: int
+    train: DataLoader
+    dev: DataLoader
+
+
+class Probe(L.Callback):
+    """Linear probes of the model's features on labelled tasks, during pretraining.
+
+    Args:
+        tasks: the probed tasks (`conf/task/*.yaml`), single texts or pairs.
+        tokenizer: the run's tokenizer.
+        tokenizer_kind: "wordpiece" or "bpe".
+        seq_len: tokens per probed text (the run's training length).
+        every_n_steps: probe after every this many optimizer steps (and at the end).
+        train_examples: the probe's training sample per task (a fixed random sample).
+        dev_examples: the sample of the task's dev split it is scored on.
+        batch_size: texts per forward pass.
+    """
+
+    def __init__(
+        self,
+        tasks: list[TaskSpec],
+        tokenizer,
+        tokenizer_kind: str,
+        *,
+        seq_len: int,
+        every_n_steps: int = 200,
+        train_examples: int = 500,
+        dev_examples: int = 500,
+        batch_size: int = 64,
+    ) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"probe.every_n_steps={every_n_steps}: use 1 or more")
+        if not tasks:
+            raise ValueError("probe.tasks is empty: name at least one task, or set probe=null")
+        self.every_n_steps = every_n_steps
+        self.data: list[_ProbeData] = []
+        for task in tasks:
+            module = FinetuneDataModule(
+                task,
+                tokenizer,
+                tokenizer_kind,
+                max_seq_len=seq_len,
+                eval_batch_size=batch_size,
+                train_examples=train_examples,
+                eval_examples=dev_examples,
+            )
+            module.setup("fit")
+            self.data.append(
+                _ProbeData(
+                    task,
+                    module.num_labels,
+                    module.eval_loader(task.train_split),
+                    module.eval_loader(task.eval_splits[0]),
+                )
+            )
+        self._last_step: int | None = None
+
+    # --- when -----------------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step == 0:  # the random-init reference (a resumed run has it)
+            self._probe(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
+            self._probe(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step != self._last_step:
+            self._probe(trainer, pl_module)
+
+    # --- what -----------------------------------------------------------------------------------
+
+    def _probe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        started = time.perf_counter()
+        metrics = self.scores(pl_module.model, pl_module.device)
+        metrics[f"{PREFIX}/seconds"] = time.perf_counter() - started
+        self._last_step = trainer.global_step
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:  # they number steps from one (pipeline/loggers.py)
+                logger.log_metrics(metrics, step=trainer.global_step - 1)
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+            log.info("probe at step %d: %s", trainer.global_step, shown)
+
+    @torch.no_grad()
+    def scores(self, model: torch.nn.Module, device: torch.device) -> dict[str, float]:
+        """`probe/<task>/<metric>` of every task for `model` (any BERT or GPT, as it is now)."""
+        backbone = backbone_of(model)
+        training = backbone.training
+        backbone.eval()
+        devices = [device] if device.type == "cuda" else []
+        out: dict[str, float] = {}
+        try:
+            with torch.random.fork_rng(devices=devices):
+                for data in self.data:
+                    x_train, y_train = _features(backbone, data.train, device)
+                    x_dev, y_dev = _features(backbone, data.dev, device)
+                    x_train, x_dev = standardize(x_train, x_dev)
+                    with torch.enable_grad():
+                        weight, bias = fit_linear(x_train, y_train, data.num_labels)
+                    preds = x_dev @ weight + bias
+                    metrics = task_metrics(list(data.task.ordered_metrics), data.num_labels)
+                    metrics.update(preds.squeeze(1) if data.num_labels == 1 else preds, y_dev)
+                    for name, value in metrics.compute().items():
+                        out[f"{PREFIX}/{data.task.name}/{name}"] = float(value)
+        finally:
+            backbone.train(training)
+        return out
+
+
+def _features(backbone, loader: DataLoader, device: torch.device):
+    """(N, D) mean token states (fp32, on the CPU) and (N,) labels of a loader's examples."""
+    features, labels = [], []
+    for batch in loader:
+        types = batch.get("token_type_ids")
+        states = mean_token_states(
+            backbone,
+            batch["input_ids"].to(device),
+            batch["attention_mask"].to(device),
+            None if types is None else types.to(device),
+        )
+        features.append(states.float().cpu())
+        labels.append(batch["labels"])
+    return torch.cat(features), torch.cat(labels)

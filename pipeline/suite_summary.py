@@ -1,0 +1,233 @@
+"""The summary of a `make glue` suite folder (pipeline/glue.py runs the suite): one row per
+task with the pretrained model's and its from-scratch twin's scores over seeds, their paired
+difference with a confidence interval, and the best non-neural baseline; then the average row.
+
+    summary = summarize_suite("outputs/glue/<run>")   # from the folder's files alone
+    print(summary.table())                            # Markdown
+    summary.write(folder)                             # glue_summary.md and glue_summary.json
+
+A task's score is GLUE's: the mean of its metrics on its main dev split, times 100.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.results import RESULTS, FinetuneResults
+from pipeline.run_folder import SUITE_RECORD
+from pipeline.seeds import PairedDifference, SeedSummary, paired_difference, summarize_seeds
+from tokenizer import write_text_atomic
+
+SUMMARY = "glue_summary"  # .md and .json
+BASELINES = "baselines.json"
+PRETRAINED, SCRATCH = "pretrained", "scratch"
+INITS = (PRETRAINED, SCRATCH)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One fine-tuning run of the suite."""
+
+    task: str
+    init: str  # PRETRAINED or SCRATCH
+    seed: int
+
+    @property
+    def folder(self) -> str:
+        """Its run folder, relative to the suite folder."""
+        return f"{self.task}/{self.init}-seed{self.seed}"
+
+
+# --- the summary ------------------------------------------------------------------------------
+
+
+def task_score(metrics: dict[str, float], names: Sequence[str]) -> float:
+    """GLUE's score of a task: the mean of its metrics, times 100."""
+    return 100 * statistics.fmean(metrics[n] for n in names)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One init's scores on a task: seed -> score, and their summary."""
+
+    scores: dict[int, float]
+    summary: SeedSummary | None
+
+
+def _side(scores: dict[int, float]) -> Side:
+    return Side(scores, summarize_seeds(scores.values()) if scores else None)
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One line of the suite table (scores are GLUE scores, 0-100).
+
+    Attributes:
+        task: the task's name ("average" for the suite's mean over tasks).
+        metrics: the metrics its score averages.
+        baseline: the best non-neural baseline's name.
+        baseline_score: its score.
+        pretrained: the pretrained model's scores.
+        scratch: the from-scratch twin's scores.
+        difference: pretrained - scratch, paired over seeds (None until both have a seed).
+    """
+
+    task: str
+    metrics: list[str]
+    baseline: str
+    baseline_score: float
+    pretrained: Side
+    scratch: Side
+    difference: PairedDifference | None
+
+    def below_baseline(self, side: Side) -> bool:
+        return side.summary is not None and side.summary.mean <= self.baseline_score
+
+
+@dataclass(frozen=True)
+class SuiteSummary:
+    """The suite's table: one row per task with results, then the average row."""
+
+    ckpt: str
+    rows: list[TaskRow]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    HEADER = (
+        "task",
+        "metric",
+        "non-neural baseline",
+        "pretrained",
+        "scratch",
+        "pretrained - scratch (95% CI)",
+        "seeds",
+    )
+
+    def cells(self) -> list[list[str]]:
+        """The table's rows as text, one cell per `HEADER` column."""
+        return [
+            [
+                row.task,
+                "/".join(row.metrics),
+                f"{row.baseline_score:.1f} ({row.baseline})",
+                _shown(row, row.pretrained),
+                _shown(row, row.scratch),
+                _difference(row.difference),
+                str(row.difference.n if row.difference else 0),
+            ]
+            for row in self.rows
+        ]
+
+    def table(self) -> str:
+        """The rows as a Markdown table."""
+        lines = ["| " + " | ".join(self.HEADER) + " |", "|---|---|" + "---:|" * 5]
+        lines += ["| " + " | ".join(cells) + " |" for cells in self.cells()]
+        return "\n".join(lines)
+
+    def write(self, folder: Path) -> None:
+        write_text_atomic(folder / f"{SUMMARY}.json", json.dumps(self.to_dict(), indent=2) + "\n")
+        header = f"# GLUE-style suite of {self.ckpt}\n\n"
+        note = (
+            "\n\nScores are GLUE's (the mean of a task's metrics on its dev split, x100), mean "
+            "± standard deviation over seeds. BELOW BASELINE: the mean does not beat the best "
+            "non-neural baseline.\n"
+        )
+        write_text_atomic(folder / f"{SUMMARY}.md", header + self.table() + note)
+
+
+def _shown(row: TaskRow, side: Side) -> str:
+    if side.summary is None:
+        return "-"
+    flag = " BELOW BASELINE" if row.below_baseline(side) else ""
+    return side.summary.mean_std(1) + flag
+
+
+def _difference(diff: PairedDifference | None) -> str:
+    if diff is None:
+        return "-"
+    if diff.low is None or diff.high is None:
+        return f"{diff.mean:+.1f}"
+    return f"{diff.mean:+.1f} [{diff.low:+.1f}, {diff.high:+.1f}]"
+
+
+def summarize_suite(folder: str | Path) -> SuiteSummary:
+    """The summary of a suite folder, from its record, baselines and finished runs.
+
+    Raises:
+        FileNotFoundError: `folder` holds no suite record.
+        ResultsError: a run's results.json that cannot be read.
+    """
+    folder = Path(folder)
+    path = folder / SUITE_RECORD
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} holds no {SUITE_RECORD}: not a `make glue` folder")
+    record = json.loads(path.read_text(encoding="utf-8"))
+    rows = []
+    for task in record["tasks"]:
+        row = _task_row(folder, task, record["seeds"])
+        if row is not None:
+            rows.append(row)
+    if len(rows) > 1:
+        rows.append(_average_row(rows))
+    return SuiteSummary(str(record["ckpt"]), rows)
+
+
+def _task_row(folder: Path, task: str, seeds: Sequence[int]) -> TaskRow | None:
+    scores: dict[str, dict[int, float]] = {init: {} for init in INITS}
+    names: list[str] = []
+    for init in INITS:
+        for seed in seeds:
+            results_path = folder / Job(task, init, seed).folder / RESULTS
+            if not results_path.is_file():
+                continue
+            results = FinetuneResults.read(results_path)
+            metrics = results.best.metrics[results.main_split]
+            names = names or [
+                results.main_metric,
+                *sorted(set(metrics) - {results.main_metric, "loss"}),
+            ]
+            scores[init][seed] = task_score(metrics, names)
+    baselines_path = folder / task / BASELINES
+    if not names or not baselines_path.is_file():
+        return None
+    baselines = json.loads(baselines_path.read_text(encoding="utf-8"))
+    best = max(baselines, key=lambda name: task_score(baselines[name], names))
+    pretrained, scratch = scores[PRETRAINED], scores[SCRATCH]
+    common = set(pretrained) & set(scratch)
+    return TaskRow(
+        task=task,
+        metrics=names,
+        baseline=best,
+        baseline_score=task_score(baselines[best], names),
+        pretrained=_side(pretrained),
+        scratch=_side(scratch),
+        difference=paired_difference(pretrained, scratch) if common else None,
+    )
+
+
+def _average_row(rows: Sequence[TaskRow]) -> TaskRow:
+    """The mean over tasks, per seed that every task has for that init."""
+
+    def per_seed(side: str) -> dict[int, float]:
+        runs = [getattr(r, side).scores for r in rows]
+        seeds = set.intersection(*(set(s) for s in runs))
+        return {s: statistics.fmean(r[s] for r in runs) for s in sorted(seeds)}
+
+    pretrained, scratch = per_seed(PRETRAINED), per_seed(SCRATCH)
+    common = set(pretrained) & set(scratch)
+    return TaskRow(
+        task="average",
+        metrics=["GLUE score"],
+        baseline="best per task",
+        baseline_score=statistics.fmean(r.baseline_score for r in rows),
+        pretrained=_side(pretrained),
+        scratch=_side(scratch),
+        difference=paired_difference(pretrained, scratch) if common else None,
+    )

@@ -1,0 +1,233 @@
+"""`make glue` (pipeline/glue.py, pipeline/suite_summary.py): a tiny pretrained model and its
+from-scratch twin fine-tuned on slices of real GLUE tasks over two seeds, the summary table,
+resuming a suite that was cut short, and the report of a suite folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from pipeline.config import ConfigError
+from pipeline.glue import Job, SuiteTask, job_config, plan, run_suite, seeds_of, suite_tasks
+from pipeline.report import write_report
+from pipeline.results import FinetuneResults
+from pipeline.suite_summary import BASELINES, summarize_suite, task_score
+from tests.conftest import CONF, SHARED_DATA
+from tests.pipeline.test_finetune import compose_config
+from tests.pipeline.test_generate import run_cli
+from tests.pipeline.tiny_models import write_run
+
+GLUE = SHARED_DATA / "glue"
+needs_glue = pytest.mark.skipif(not GLUE.is_dir(), reason=f"GLUE data not found at {GLUE}")
+SMALL = ("datamodule.max_examples=48", "datamodule.batch_size=16", "trainer.max_epochs=1")
+
+
+def load_task(name: str):
+    """conf/task/<name>.yaml as the command composes it."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("glue", overrides=[f"task={name}"]).task
+
+
+# --- the plan (no training) ---------------------------------------------------------------
+
+
+def test_seeds_are_a_count_or_a_list():
+    assert seeds_of(3) == [1, 2, 3]
+    assert seeds_of(OmegaConf.create([7, 2])) == [7, 2]
+    for bad in (0, [1, 1], "3", [1.5], True):
+        with pytest.raises(ConfigError, match="seeds="):
+            seeds_of(bad)
+
+
+def test_tasks_come_from_the_suite_or_the_command_line():
+    cfg = compose_config("glue")
+    quick = suite_tasks(cfg)
+    assert [t.name for t in quick] == ["sst2", "mrpc", "stsb", "cola", "rte"]
+    assert quick[0].settings == {"datamodule.train_examples": 2000}
+    cfg.tasks = ["rte", "sst2", "wnli"]
+    chosen = suite_tasks(cfg)
+    assert [(t.name, t.settings) for t in chosen] == [
+        ("rte", {"datamodule.train_examples": 2000}),
+        ("sst2", {"datamodule.train_examples": 2000}),  # the suite's settings for a task it has
+        ("wnli", {}),
+    ]
+    cfg.tasks = []
+    with pytest.raises(ConfigError, match="no task to run"):
+        suite_tasks(cfg)
+
+
+@pytest.mark.parametrize("suite_name", sorted(p.stem for p in (CONF / "suite").glob("*.yaml")))
+def test_every_suite_lists_task_configs_and_settings_that_exist(suite_name):
+    cfg = compose_config("glue", f"suite={suite_name}")
+    tasks = suite_tasks(cfg)
+    assert tasks
+    for task in tasks:
+        assert load_task(task.name).name == task.name
+        for key in task.settings:
+            assert OmegaConf.select(cfg, key, default="missing") != "missing", key
+
+
+def test_plan_runs_whole_tasks_pretrained_before_scratch():
+    jobs = plan([SuiteTask("a", {}), SuiteTask("b", {})], [1, 2])
+    assert [j.folder for j in jobs[:4]] == [
+        "a/pretrained-seed1",
+        "a/scratch-seed1",
+        "a/pretrained-seed2",
+        "a/scratch-seed2",
+    ]
+    assert {j.task for j in jobs[4:]} == {"b"}
+
+
+def test_a_job_gets_the_suite_settings_unless_the_command_line_set_them(tmp_path):
+    cfg = compose_config("glue", "ckpt=x", "trainer.max_epochs=1")
+    task = SuiteTask("sst2", {"datamodule.train_examples": 100, "trainer.max_epochs": 5})
+    job = Job("sst2", "scratch", 4)
+    job_cfg = job_config(cfg, load_task("sst2"), task, job, tmp_path / "j", {"trainer.max_epochs"})
+    assert job_cfg.datamodule.train_examples == 100
+    assert job_cfg.trainer.max_epochs == 1  # given on the command line: it wins
+    assert (job_cfg.seed, job_cfg.from_scratch, job_cfg.task.name) == (4, True, "sst2")
+    assert job_cfg.paths.output_dir == str(tmp_path / "j")
+    assert "suite" not in job_cfg and "seeds" not in job_cfg
+
+
+# --- a real suite ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    """`python -m pipeline.commands.glue` on a tiny BERT: SST-2 and STS-B, seeds 1 and 2."""
+    if not GLUE.is_dir():
+        pytest.skip(f"GLUE data not found at {GLUE}")
+    root = tmp_path_factory.mktemp("glue")
+    write_run(root / "bert", "bert")
+    args = [
+        f"ckpt={root / 'bert'}",
+        "tasks=[sst2,stsb]",
+        "seeds=2",
+        *SMALL,
+        "logger=csv",
+        f"paths.output_root={root / 'out'}",
+        "run_name=suite",
+        "+trainer.enable_progress_bar=false",
+    ]
+    result = run_cli("pipeline.commands.glue", *args, tmp_path=root, env={"GLUE_DIR": str(GLUE)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root, root / "out" / "glue" / "suite", args, result.stdout
+
+
+def results_of(folder: Path, task: str, init: str) -> dict[int, FinetuneResults]:
+    return {
+        seed: FinetuneResults.read(folder / task / f"{init}-seed{seed}" / "results.json")
+        for seed in (1, 2)
+    }
+
+
+@needs_glue
+def test_suite_table_pairs_the_seeds_of_both_inits(suite):
+    _, folder, _, stdout = suite
+    summary = json.loads((folder / "glue_summary.json").read_text())
+    rows = {row["task"]: row for row in summary["rows"]}
+    assert list(rows) == ["sst2", "stsb", "average"]
+    names = {"sst2": ["accuracy"], "stsb": ["spearman", "pearson"]}
+    per_seed_mean = {}
+    for task, metrics in names.items():
+        row = rows[task]
+        assert row["metrics"] == metrics
+        scores = {
+            init: {
+                seed: task_score(r.best.metrics["dev"], metrics)
+                for seed, r in results_of(folder, task, init).items()
+            }
+            for init in ("pretrained", "scratch")
+        }
+        for init, values in scores.items():
+            assert {int(k): v for k, v in row[init]["scores"].items()} == pytest.approx(values)
+        diffs = [scores["pretrained"][s] - scores["scratch"][s] for s in (1, 2)]
+        assert row["difference"]["n"] == 2
+        assert row["difference"]["mean"] == pytest.approx(sum(diffs) / 2)
+        assert row["difference"]["low"] <= row["difference"]["mean"] <= row["difference"]["high"]
+        baselines = json.loads((folder / task / BASELINES).read_text())
+        best = max(task_score(m, metrics) for m in baselines.values())
+        assert row["baseline_score"] == pytest.approx(best)
+        per_seed_mean[task] = scores["pretrained"]
+    average = rows["average"]["pretrained"]["scores"]
+    for seed in (1, 2):
+        expected = (per_seed_mean["sst2"][seed] + per_seed_mean["stsb"][seed]) / 2
+        assert average[str(seed)] == pytest.approx(expected)
+    table = (folder / "glue_summary.md").read_text()
+    assert table.count("\n| ") == 4 and "| stsb | spearman/pearson |" in table
+    for row in summary["rows"]:  # flagged exactly when the mean does not beat the baseline
+        below = row["pretrained"]["summary"]["mean"] <= row["baseline_score"]
+        line = next(line for line in table.splitlines() if line.startswith(f"| {row['task']} |"))
+        assert ("BELOW BASELINE" in line.split("|")[4]) == below
+    assert "| average | GLUE score |" in stdout
+
+
+@needs_glue
+def test_the_twin_has_random_weights_and_the_same_tokenizer(suite):
+    root, folder, _, _ = suite
+    original = torch.load(root / "bert" / "checkpoints" / "last.ckpt", weights_only=False)
+    start = original["state_dict"]["model.bert.embeddings.word.weight"]
+    for init in ("pretrained", "scratch"):
+        run = folder / "sst2" / f"{init}-seed1"
+        results = FinetuneResults.read(run / "results.json")
+        assert results.backbone == str(root / "bert")
+        assert results.init == ("random" if init == "scratch" else str(root / "bert"))
+        tuned = torch.load(run / "checkpoints" / "best.ckpt", weights_only=False)
+        assert tuned["tokenizer"] == original["tokenizer"]
+        weights = tuned["state_dict"]["model.backbone.embeddings.word.weight"]
+        correlation = torch.corrcoef(torch.stack([weights.flatten(), start.flatten()]))[0, 1]
+        if init == "pretrained":  # three small steps away from the checkpoint
+            assert correlation > 0.99
+        else:
+            assert abs(correlation) < 0.1
+
+
+@needs_glue
+def test_a_suite_cut_short_resumes_and_refuses_other_settings(suite, monkeypatch):
+    _, folder, args, _ = suite
+    cfg = compose_config("glue", *[a for a in args if not a.startswith("+")], run_dir=folder)
+    cfg.datamodule.max_examples = 48
+    monkeypatch.setenv("GLUE_DIR", str(GLUE))
+    done = {p: p.stat().st_mtime_ns for p in folder.glob("*/*/results.json")}
+    assert len(done) == 8
+    cut = folder / "stsb" / "scratch-seed2"
+    (cut / "results.json").unlink()  # as if the suite was stopped during this run
+    run_suite(cfg, load_task, overrides=args)
+    assert (folder / "stsb" / "scratch-seed2.interrupted" / "checkpoints").is_dir()
+    assert (cut / "results.json").is_file()
+    for path, mtime in done.items():
+        if path.parent != cut:
+            assert path.stat().st_mtime_ns == mtime  # the finished runs were not run again
+    assert summarize_suite(folder).rows[1].difference.n == 2
+    cfg.seeds = 3
+    with pytest.raises(ConfigError, match="started with other seeds"):
+        run_suite(cfg, load_task, overrides=args)
+
+
+@needs_glue
+def test_report_of_a_suite_folder(suite, tmp_path):
+    _, folder, _, _ = suite
+    report = write_report([folder], out=tmp_path / "report")
+    assert [p.name for p in report.plots] == ["suite_1.png"]
+    page = report.html.read_text()
+    assert "Downstream suite (make glue)" in page and "pretrained - scratch (95% CI)" in page
+
+
+@needs_glue
+def test_a_gpt_checkpoint_runs_the_suite(tmp_path, monkeypatch):
+    write_run(tmp_path / "gpt", "gpt")
+    cfg = compose_config(
+        "glue", f"ckpt={tmp_path / 'gpt'}", "tasks=[rte]", "seeds=1", *SMALL, run_dir=tmp_path / "s"
+    )
+    cfg.task = None
+    monkeypatch.setenv("GLUE_DIR", str(GLUE))
+    summary = run_suite(cfg, load_task)
+    (row,) = summary.rows
+    assert row.task == "rte" and row.baseline in ("majority", "word overlap")
+    assert set(row.pretrained.scores) == set(row.scratch.scores) == {1}
