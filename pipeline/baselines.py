@@ -67,7 +67,9 @@ def baseline_scores(
     out: dict[str, Scores] = {}
     if not spec.is_regression:
         majority = Counter(y_train.tolist()).most_common(1)[0][0]
-        out["majority"] = _score(metric_names, num_labels, torch.full_like(y_dev, majority), y_dev)
+        out["majority"] = dev_scores(
+            metric_names, num_labels, torch.full_like(y_dev, majority), y_dev
+        )
     if spec.is_pair:
         name, x_train, x_dev = "word overlap", overlap_features(train), overlap_features(dev)
         x_train, x_dev = standardize(x_train, x_dev)
@@ -76,11 +78,14 @@ def baseline_scores(
         name = "bag-of-words"
         x_train, x_dev = bag_features(train, vocabulary), bag_features(dev, vocabulary)
     weight, bias = fit_linear(x_train, y_train, num_labels)
-    out[name] = _score(metric_names, num_labels, _predict(x_dev, weight, bias), y_dev)
+    out[name] = dev_scores(metric_names, num_labels, predict_linear(x_dev, weight, bias), y_dev)
     return out
 
 
-def _score(names: list[str], num_labels: int, preds: torch.Tensor, target: torch.Tensor) -> Scores:
+def dev_scores(
+    names: list[str], num_labels: int, preds: torch.Tensor, target: torch.Tensor
+) -> Scores:
+    """The task's metrics (`names`) of predictions against targets."""
     metrics = task_metrics(names, num_labels)
     metrics.update(preds, target)
     return {k: float(v) for k, v in metrics.compute().items()}
@@ -171,7 +176,7 @@ def fit_linear(
 
     def loss() -> torch.Tensor:
         optimizer.zero_grad()
-        out = _predict(x, weight, bias)
+        out = predict_linear(x, weight, bias)
         data = F.mse_loss(out, y.float()) if num_labels == 1 else F.cross_entropy(out, y)
         value = data + 0.5 / n * weight.pow(2).sum()
         value.backward()
@@ -181,7 +186,7 @@ def fit_linear(
     return weight.detach(), bias.detach()
 
 
-def _predict(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def predict_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """(N, C) logits, or (N,) numbers for a one-column (regression) model."""
     out = (torch.sparse.mm(x, weight) if x.is_sparse else x @ weight) + bias
     return out.squeeze(1) if out.shape[1] == 1 else out

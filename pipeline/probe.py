@@ -33,8 +33,7 @@ from torch.utils.data import DataLoader
 from datamodules.finetune import FinetuneDataModule
 from datamodules.tasks import TaskSpec
 from models.heads import backbone_of, mean_token_states
-from pipeline.baselines import fit_linear, standardize
-from pipeline.task_metrics import task_metrics
+from pipeline.baselines import dev_scores, fit_linear, predict_linear, standardize
 
 log = logging.getLogger(__name__)
 
@@ -148,11 +147,14 @@ class Probe(L.Callback):
                     x_train, x_dev = standardize(x_train, x_dev)
                     with torch.enable_grad():
                         weight, bias = fit_linear(x_train, y_train, data.num_labels)
-                    preds = x_dev @ weight + bias
-                    metrics = task_metrics(list(data.task.ordered_metrics), data.num_labels)
-                    metrics.update(preds.squeeze(1) if data.num_labels == 1 else preds, y_dev)
-                    for name, value in metrics.compute().items():
-                        out[f"{PREFIX}/{data.task.name}/{name}"] = float(value)
+                    scores = dev_scores(
+                        list(data.task.ordered_metrics),
+                        data.num_labels,
+                        predict_linear(x_dev, weight, bias),
+                        y_dev,
+                    )
+                    for name, value in scores.items():
+                        out[f"{PREFIX}/{data.task.name}/{name}"] = value
         finally:
             backbone.train(training)
         return out
