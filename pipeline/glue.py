@@ -48,7 +48,9 @@ from pipeline.suite_summary import (
     INITS,
     SCRATCH,
     Job,
+    SuiteRecordError,
     SuiteSummary,
+    read_suite_record,
     summarize_suite,
 )
 from tokenizer import write_text_atomic
@@ -178,9 +180,9 @@ def check_or_write_record(folder: Path, record: dict) -> bool:
         write_text_atomic(path, json.dumps(record, indent=2) + "\n")
         return False
     try:
-        started = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path} is not readable JSON ({err}); move the folder aside") from err
+        started = read_suite_record(folder)
+    except SuiteRecordError as err:
+        raise ConfigError(str(err)) from err
     changed = [k for k in record if started.get(k) != record[k]]
     if changed:
         raise ConfigError(

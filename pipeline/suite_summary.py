@@ -157,18 +157,38 @@ def _difference(diff: PairedDifference | None) -> str:
     return f"{diff.mean:+.1f} [{diff.low:+.1f}, {diff.high:+.1f}]"
 
 
+class SuiteRecordError(ValueError):
+    """A suite folder's record (glue_suite.json) that cannot be read."""
+
+
+def read_suite_record(folder: Path) -> dict[str, Any]:
+    """The settings a suite folder was started with (`glue_suite.json`).
+
+    Raises:
+        FileNotFoundError: `folder` holds no suite record.
+        SuiteRecordError: a record that is not readable JSON.
+    """
+    path = folder / SUITE_RECORD
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} holds no {SUITE_RECORD}: not a `make glue` folder")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise SuiteRecordError(
+            f"{path} is not readable JSON ({err}); move the folder aside"
+        ) from err
+
+
 def summarize_suite(folder: str | Path) -> SuiteSummary:
     """The summary of a suite folder, from its record, baselines and finished runs.
 
     Raises:
         FileNotFoundError: `folder` holds no suite record.
+        SuiteRecordError: its record is not readable.
         ResultsError: a run's results.json that cannot be read.
     """
     folder = Path(folder)
-    path = folder / SUITE_RECORD
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder} holds no {SUITE_RECORD}: not a `make glue` folder")
-    record = json.loads(path.read_text(encoding="utf-8"))
+    record = read_suite_record(folder)
     rows = []
     for task in record["tasks"]:
         row = _task_row(folder, task, record["seeds"])
@@ -199,17 +219,8 @@ def _task_row(folder: Path, task: str, seeds: Sequence[int]) -> TaskRow | None:
         return None
     baselines = json.loads(baselines_path.read_text(encoding="utf-8"))
     best = max(baselines, key=lambda name: task_score(baselines[name], names))
-    pretrained, scratch = scores[PRETRAINED], scores[SCRATCH]
-    common = set(pretrained) & set(scratch)
-    return TaskRow(
-        task=task,
-        metrics=names,
-        baseline=best,
-        baseline_score=task_score(baselines[best], names),
-        pretrained=_side(pretrained),
-        scratch=_side(scratch),
-        difference=paired_difference(pretrained, scratch) if common else None,
-    )
+    score = task_score(baselines[best], names)
+    return _row(task, names, best, score, scores[PRETRAINED], scores[SCRATCH])
 
 
 def _average_row(rows: Sequence[TaskRow]) -> TaskRow:
@@ -220,13 +231,32 @@ def _average_row(rows: Sequence[TaskRow]) -> TaskRow:
         seeds = set.intersection(*(set(s) for s in runs))
         return {s: statistics.fmean(r[s] for r in runs) for s in sorted(seeds)}
 
-    pretrained, scratch = per_seed(PRETRAINED), per_seed(SCRATCH)
+    baseline = statistics.fmean(r.baseline_score for r in rows)
+    return _row(
+        "average",
+        ["GLUE score"],
+        "best per task",
+        baseline,
+        per_seed(PRETRAINED),
+        per_seed(SCRATCH),
+    )
+
+
+def _row(
+    task: str,
+    metrics: list[str],
+    baseline: str,
+    baseline_score: float,
+    pretrained: dict[int, float],
+    scratch: dict[int, float],
+) -> TaskRow:
+    """A row from both inits' scores (seed -> score), paired over the seeds they share."""
     common = set(pretrained) & set(scratch)
     return TaskRow(
-        task="average",
-        metrics=["GLUE score"],
-        baseline="best per task",
-        baseline_score=statistics.fmean(r.baseline_score for r in rows),
+        task=task,
+        metrics=metrics,
+        baseline=baseline,
+        baseline_score=baseline_score,
         pretrained=_side(pretrained),
         scratch=_side(scratch),
         difference=paired_difference(pretrained, scratch) if common else None,

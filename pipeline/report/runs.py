@@ -24,7 +24,7 @@ import yaml
 
 from pipeline.results import RESULTS, FinetuneResults, ResultsError
 from pipeline.run_folder import SUITE_RECORD
-from pipeline.suite_summary import SuiteSummary, summarize_suite
+from pipeline.suite_summary import SuiteRecordError, SuiteSummary, summarize_suite
 
 Series = dict[int, float]  # step -> value
 
@@ -159,7 +159,10 @@ def find_runs(
                 "finetune, e.g. run=outputs/gpt/<run_name> (several: run=PATH1,PATH2)"
             )
         if (path / SUITE_RECORD).is_file():
-            suites.append(summarize_suite(path))
+            try:
+                suites.append(summarize_suite(path))
+            except (SuiteRecordError, ResultsError) as err:
+                raise ReportError(str(err)) from err
         elif (path / "results.json").is_file():
             finetune.append(FinetuneRun.load(path))
         elif jobs := sorted(path.glob("*/results.json"), key=_job_order):
