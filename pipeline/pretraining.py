@@ -168,7 +168,7 @@ def build_probe(node: DictConfig | None, tokenizer: Tokenizer, plan: RunPlan) ->
             dev_examples=node.dev_examples,
             batch_size=node.batch_size,
         )
-    except (ConfigError, ValueError) as err:  # TaskDataError: a missing file, a bad column
+    except ValueError as err:  # TaskDataError (a missing file, a bad column), ConfigError
         raise ConfigError(f"probe: {err}; or run without probes (probe=null)") from err
 
 
