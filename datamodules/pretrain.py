@@ -8,10 +8,17 @@
   `prepare_data` did not run), holds out the validation documents and builds the datasets.
 - Batches are described in `datamodules.batches`; each rank reads a disjoint share
   (`datamodules.sharding`).
-- `state_dict()` records the position (epoch, optimizer steps done in the epoch) and the seed that,
-  with the position, determines every batch; Lightning saves it in checkpoints.
+- `state_dict()` records the position (phase, epoch, optimizer steps done in the epoch) and the
+  seed that, with the position, determines every batch; Lightning saves it in checkpoints.
   `load_state_dict()` makes the next training epoch start exactly there: a resumed run gets the
   batches the uninterrupted run would have got next, without replaying the skipped ones.
+
+Phases (`objective.phases`, `datamodules.objective.phase_plan`): each phase has its own
+batches (its sequence length, batch size, masking), all read from the one token store. A
+phase's epochs end early at its last step; the Trainer must then ask for the next epoch's
+loader (`reload_dataloaders_every_n_epochs=1`), which belongs to the phase that the run's
+optimizer step count is in. Validation batches are the first phase's throughout, so that the
+validation curve stays comparable across a switch.
 
 `prepare_stores` builds the stores ahead of training and returns their stats (`make prepare`).
 """
@@ -40,7 +47,7 @@ from datamodules.batches import (
     StepBatches,
 )
 from datamodules.masking import MLMMasker, continuation_table
-from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective, Phase, phase_plan
 from datamodules.sharding import EpochSampler, split_documents
 from datamodules.store import StoreSettings, TokenStore
 from datamodules.store_build import StoreStats, open_or_build_store, store_path
@@ -49,7 +56,6 @@ from tokenizer.token_bytes import token_byte_counts
 
 log = logging.getLogger(__name__)
 
-Objective = MaskedLMObjective | CausalLMObjective
 STATE_VERSION = 1
 
 
@@ -202,6 +208,8 @@ class PretrainDataModule(L.LightningDataModule):
         micro_batches: training batches per optimizer step (gradient accumulation): the
             loader hands out whole steps (`datamodules.batches.StepBatches`), and the
             position counts steps.
+        max_steps: the run's optimizer steps, which `objective.phases` split (needed only with
+            phases).
         pin_memory: pin batches for faster host-to-GPU copies.
         persistent_workers: keep workers alive between epochs (with num_workers > 0).
         chunk_mb: text per tokenization chunk when building a store (bounds memory).
@@ -223,6 +231,7 @@ class PretrainDataModule(L.LightningDataModule):
         val_corpus=None,
         num_workers: int = 0,
         micro_batches: int = 1,
+        max_steps: int | None = None,
         pin_memory: bool = False,
         persistent_workers: bool = False,
         chunk_mb: float = 4.0,
@@ -241,6 +250,8 @@ class PretrainDataModule(L.LightningDataModule):
         self.val_corpus = val_corpus
         self.num_workers = num_workers
         self.micro_batches = micro_batches
+        self.phases: list[Phase] = phase_plan(objective, max_steps)
+        self.phase = 0  # the phase of the current (or next) training epoch
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
         self.chunk_mb = chunk_mb
@@ -252,12 +263,26 @@ class PretrainDataModule(L.LightningDataModule):
         self.stats: list[StoreStats] = []
         self.store: TokenStore | None = None
         self.train_documents = self.val_documents = np.empty(0, dtype=np.int64)
-        self.train_set: EpochBatches | None = None
+        self.train_sets: list[EpochBatches] = []  # one per phase
         self.val_set: EpochBatches | None = None
-        self.train_steps: StepBatches | None = None
-        self._sampler: EpochSampler | None = None
+        self._steps: list[StepBatches] = []
+        self._samplers: list[EpochSampler] = []
         self._loader: PositionLoader | None = None
         self._pending: dict[str, Any] | None = None
+
+    @property
+    def train_set(self) -> EpochBatches | None:
+        """The current phase's training batches (None before `setup`)."""
+        return self.train_sets[self.phase] if self.train_sets else None
+
+    @property
+    def train_steps(self) -> StepBatches | None:
+        """The current phase's optimizer steps (lists of micro-batches)."""
+        return self._steps[self.phase] if self._steps else None
+
+    @property
+    def _sampler(self) -> EpochSampler | None:
+        return self._samplers[self.phase] if self._samplers else None
 
     # Lightning hooks -------------------------------------------------------------------------
 
@@ -275,7 +300,7 @@ class PretrainDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Open the stores, split the documents and build this rank's datasets (once)."""
-        if self.train_set is not None:
+        if self.train_sets:
             return
         rank, world_size, builder = self._ranks()
         train_store = self._open(self.corpus, builder)
@@ -287,7 +312,7 @@ class PretrainDataModule(L.LightningDataModule):
         else:
             val_store = train_store
             need = 2 if self._pairs else 1
-            window = 0 if self._pairs else world_size * self.objective.seq_len + 1
+            window = 0 if self._pairs else world_size * self.phases[0].objective.seq_len + 1
             train_docs, val_docs = split_documents(
                 np.diff(train_store.doc_offsets),
                 self.val_fraction,
@@ -297,26 +322,35 @@ class PretrainDataModule(L.LightningDataModule):
                 min_train=need,
             )
         self.store, self.train_documents, self.val_documents = train_store, train_docs, val_docs
-        self.train_set = self._batches(train_store, train_docs, split=TRAIN, shuffle=True, **shard)
+        first = self.phases[0].objective
         if len(val_docs):
-            self.val_set = self._batches(val_store, val_docs, split=VAL, shuffle=False, **shard)
-        self.train_steps = StepBatches(self.train_set, self.micro_batches)
-        self._sampler = EpochSampler(len(self.train_steps))
-        log.info(
-            "rank %d/%d: %d training documents, %d validation documents, %d batches "
-            "(%d optimizer steps) per epoch",
-            rank,
-            world_size,
-            len(train_docs),
-            len(val_docs),
-            len(self.train_set),
-            len(self.train_steps),
-        )
+            val = {"split": VAL, "shuffle": False, **shard}
+            self.val_set = self._batches(val_store, val_docs, first, **val)
+        for phase in self.phases:
+            train = {"split": TRAIN, "shuffle": True, **shard}
+            self.train_sets.append(self._batches(train_store, train_docs, phase.objective, **train))
+            self._steps.append(StepBatches(self.train_sets[-1], self.micro_batches))
+            self._samplers.append(EpochSampler(len(self._steps[-1])))
+            log.info(
+                "rank %d/%d: %d training documents, %d validation documents, %d batches "
+                "(%d optimizer steps) per epoch%s",
+                rank,
+                world_size,
+                len(train_docs),
+                len(val_docs),
+                len(self.train_sets[-1]),
+                len(self._steps[-1]),
+                f" in phase {phase.index} (from step {phase.first_step}, sequences of "
+                f"{phase.objective.seq_len} tokens)"
+                if len(self.phases) > 1
+                else "",
+            )
         if self._pending is not None:
             self._apply(self._pending)
 
     def train_dataloader(self) -> PositionLoader:
         self._require_setup()
+        self._enter_phase()
         self._loader = self._loader_for(self.train_steps, self._sampler, PositionLoader)
         self._loader.micro_batches = self.micro_batches
         self._loader.position = self._sampler.next_position()
@@ -335,6 +369,7 @@ class PretrainDataModule(L.LightningDataModule):
         epoch, step = self._position()
         return {
             "version": STATE_VERSION,
+            "phase": self.phase,
             "epoch": epoch,
             "step": step,
             "seed": self.seed,
@@ -345,7 +380,7 @@ class PretrainDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from `state_dict()`: the next training epoch starts at its position."""
-        if self.train_set is None:
+        if not self.train_sets:
             self._pending = dict(state_dict)
         else:
             self._apply(state_dict)
@@ -389,16 +424,36 @@ class PretrainDataModule(L.LightningDataModule):
             self.stats.append(stats)
         return store
 
-    def _batches(self, store: TokenStore, documents: np.ndarray, **shard) -> EpochBatches:
-        if isinstance(self.objective, CausalLMObjective):
+    def _batches(
+        self, store: TokenStore, documents: np.ndarray, objective: Objective, **shard
+    ) -> EpochBatches:
+        if isinstance(objective, CausalLMObjective):
             # validation batches count the bytes of text they predict (for bits per byte)
             counts = token_byte_counts(self.tokenizer) if shard["split"] == VAL else None
-            return GPTBatches(store, documents, self.objective, token_bytes=counts, **shard)
-        continuation = (
-            continuation_table(self.tokenizer) if self.objective.whole_word_masking else None
+            return GPTBatches(store, documents, objective, token_bytes=counts, **shard)
+        continuation = continuation_table(self.tokenizer) if objective.whole_word_masking else None
+        masker = MLMMasker(objective, self.special, self.vocab_size, continuation)
+        return BertBatches(store, documents, objective, masker, self.special, **shard)
+
+    def _steps_done(self) -> int | None:
+        """Optimizer steps the run has made (None outside a Trainer's fit)."""
+        trainer = self.trainer
+        if trainer is not None and trainer.state.fn == "fit":
+            return trainer.global_step
+        return None
+
+    def _enter_phase(self) -> None:
+        """Make the phase of the run's step count current, and bound its sampler so that the
+        coming epoch ends at the phase's last step. Outside a Trainer's fit the phase stays
+        the restored (or first) one."""
+        done = self._steps_done()
+        if done is not None:
+            self.phase = max(p.index for p in self.phases if p.first_step <= done)
+        end = self.phases[self.phase].end_step
+        sampler = self._sampler
+        sampler.stop = (
+            None if end is None or done is None else sampler.next_position()[1] + end - done
         )
-        masker = MLMMasker(self.objective, self.special, self.vocab_size, continuation)
-        return BertBatches(store, documents, self.objective, masker, self.special, **shard)
 
     def _loader_for(
         self, dataset: EpochBatches, sampler: EpochSampler, cls: type[BatchLoader] = BatchLoader
@@ -432,6 +487,13 @@ class PretrainDataModule(L.LightningDataModule):
 
     def _apply(self, state: dict[str, Any]) -> None:
         self._pending = None
+        phase = int(state.get("phase", 0))  # checkpoints from before phases have none
+        if not 0 <= phase < len(self.phases):
+            raise DataSetupError(
+                f"cannot resume the data position: the checkpoint is in objective phase {phase}, "
+                f"this run has {len(self.phases)} phase(s). Resume with the same objective.phases"
+            )
+        self.phase = phase
         expected = {
             "seed": self.seed,
             "world_size": self.train_set.world_size,
@@ -447,8 +509,13 @@ class PretrainDataModule(L.LightningDataModule):
                     "of processes, or start the data from the beginning"
                 )
         self._sampler.resume(int(state["epoch"]), int(state["step"]))
-        log.info("data position restored: epoch %d, step %d", state["epoch"], state["step"])
+        log.info(
+            "data position restored: phase %d, epoch %d, step %d",
+            self.phase,
+            state["epoch"],
+            state["step"],
+        )
 
     def _require_setup(self) -> None:
-        if self.train_set is None:
+        if not self.train_sets:
             raise RuntimeError("call setup() before asking for dataloaders")

@@ -111,7 +111,9 @@ class EpochSampler(DistributedSampler):
     called.
 
     `len()` is always the full epoch, also while resuming mid-epoch: Lightning counts the
-    restored batches as already done and expects the rest of the epoch.
+    restored batches as already done and expects the rest of the epoch. `stop` ends epochs
+    early (at that batch index), for an objective phase that ends mid-epoch; `len()` then
+    counts to it.
 
     Args:
         num_batches: batches per epoch of this rank.
@@ -125,6 +127,7 @@ class EpochSampler(DistributedSampler):
         self.epoch = 0
         self._resume: tuple[int, int] | None = None
         self.current: tuple[int, int] = (0, 0)
+        self.stop: int | None = None
 
     def set_epoch(self, epoch: int) -> None:
         if self.follow_epochs:
@@ -154,7 +157,7 @@ class EpochSampler(DistributedSampler):
         # not consumed here, as a DataLoader with workers calls iter() twice on creation.
         epoch, start = self.next_position()
         self.current = (epoch, start)
-        return ((epoch, index) for index in range(start, self.num_batches))
+        return ((epoch, index) for index in range(start, len(self)))
 
     def __len__(self) -> int:
-        return self.num_batches
+        return self.num_batches if self.stop is None else min(self.num_batches, self.stop)

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from pipeline.lightning_compat import (
     mark_saved,
     remove_checkpoint,
     save_now,
+    saved_now_not_deferred,
     set_logging_step,
     step_boundary,
 )
@@ -89,10 +91,21 @@ class StepCheckpoint(ModelCheckpoint):
             set_logging_step(trainer, trainer.global_step)
             self._align_log_step = False
 
+    def __init__(self, *, every_n_train_steps: int | None = None, **settings) -> None:
+        super().__init__(every_n_train_steps=every_n_train_steps, **settings)
+        self.every_n_steps = every_n_train_steps or 0
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not step_boundary(trainer):
             return  # mid-step: the gradients of the step so far are in no checkpoint
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        # On an epoch's last batch Lightning puts the save off to the validation it expects
+        # next, which a run validating every N steps does not make there (an epoch, or an
+        # objective phase, ending between validations): that step would have no checkpoint.
+        due = self.every_n_steps and trainer.global_step % self.every_n_steps == 0
+        if due and self.monitor == "step" and last_saved_step(self) != trainer.global_step:
+            save_now(self, trainer)
+            saved_now_not_deferred(self)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.save_step(trainer)
@@ -202,18 +215,24 @@ class CheckpointExtras(L.Callback):
         tokenizer: Tokenizer,
         tokenizer_kind: str,
         config: dict[str, Any],
-        trained_seq_len: int | None = None,
+        trained_seq_len: int | Callable[[int], int] | None = None,
     ):
+        """`trained_seq_len`: the longest sequence trained, or a function of the optimizer
+        steps done that gives it (a pretraining run whose objective phases change it)."""
         self.tokenizer = {"kind": tokenizer_kind, "json": tokenizer.to_str()}
         self.config = config
-        self.trained_seq_len = trained_seq_len
+        self.seq_len_at = trained_seq_len if callable(trained_seq_len) else None
+        self.trained_seq_len = None if callable(trained_seq_len) else trained_seq_len
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         checkpoint["model_config"] = model_config_record(pl_module.model_config)
         checkpoint["tokenizer"] = self.tokenizer
         checkpoint["config"] = self.config
-        if self.trained_seq_len is not None:
-            checkpoint[TRAINED_SEQ_LEN] = self.trained_seq_len
+        lengths = [self.trained_seq_len]
+        if self.seq_len_at is not None:
+            lengths.append(self.seq_len_at(trainer.global_step))
+        if any(length is not None for length in lengths):
+            checkpoint[TRAINED_SEQ_LEN] = max(n for n in lengths if n is not None)
         wandb_run = wandb_run_record(trainer.loggers)
         if wandb_run is not None:
             checkpoint["wandb"] = wandb_run
@@ -227,8 +246,8 @@ class CheckpointExtras(L.Callback):
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         earlier = trained_seq_len(checkpoint)  # a resumed run has trained the longer of both
-        if earlier is not None and self.trained_seq_len is not None:
-            self.trained_seq_len = max(self.trained_seq_len, earlier)
+        if earlier is not None:
+            self.trained_seq_len = max(self.trained_seq_len or 0, earlier)
         saved = checkpoint.get("rng") or []
         if trainer.global_rank < len(saved):
             restore_rng_states(saved[trainer.global_rank])

@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.corpus import CorpusError
-from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective, phase_plan
 from models.config import BertConfig, GPTConfig
 from pipeline.budget import budget_seconds
 from pipeline.families import UnknownFamilyError, family_of_config
@@ -88,12 +88,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
             f"objective {type(objective).__name__} does not fit a {family.name} model; drop the "
             "objective override (model=... selects the matching objective)"
         )
-    if objective.seq_len > model.max_seq_len:
-        raise ConfigError(
-            f"objective.seq_len={objective.seq_len} exceeds model.max_seq_len="
-            f"{model.max_seq_len}; lower the first or raise the second"
-        )
-    _check_positions(model.max_seq_len, objective.seq_len)
+    _check_phases(objective, model.max_seq_len, cfg.trainer)
     _check_optimizer(cfg.optim)
     _check_muon(cfg.optim, cfg.trainer)
     _check_probe(cfg.get("probe"), cfg.trainer)
@@ -106,6 +101,30 @@ def check_config(cfg: DictConfig) -> RunPlan:
         raise ConfigError(str(err)) from err
     corpus = build("data", cfg.data)
     return RunPlan(family.name, model, tokenizer, objective, corpus)
+
+
+def _check_phases(objective: Objective, max_seq_len: int, trainer: DictConfig) -> None:
+    """Every phase of the objective fits the model's positions and gets steps; phases split
+    `trainer.max_steps`, which a time budget leaves open."""
+    if objective.phases and trainer.get("budget") is not None:
+        raise ConfigError(
+            f"objective.phases split trainer.max_steps, but trainer.budget={trainer.budget} "
+            "decides the steps as the run goes; give the run a step count "
+            "(trainer.budget=null trainer.max_steps=N) or drop the phases (objective.phases=null)"
+        )
+    try:
+        phases = phase_plan(objective, trainer.max_steps)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    for phase in phases:
+        seq_len = phase.objective.seq_len
+        if seq_len > max_seq_len:
+            where = f"objective.phases[{phase.index}]" if objective.phases else "objective"
+            raise ConfigError(
+                f"{where}.seq_len={seq_len} exceeds model.max_seq_len={max_seq_len}; lower the "
+                "first or raise the second"
+            )
+    _check_positions(max_seq_len, max(p.objective.seq_len for p in phases))
 
 
 def _check_positions(max_seq_len: int, seq_len: int) -> None:

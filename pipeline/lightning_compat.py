@@ -107,6 +107,12 @@ def save_now(callback: ModelCheckpoint, trainer: L.Trainer) -> None:
     callback._save_last_checkpoint(trainer, candidates)
 
 
+def saved_now_not_deferred(callback: ModelCheckpoint) -> None:
+    """Forget a save that `callback` put off to the validation it expects after an epoch's last
+    batch (the save was just made)."""
+    callback._defer_save_until_validation = False
+
+
 def remove_checkpoint(callback: ModelCheckpoint, trainer: L.Trainer, path: str) -> None:
     callback._remove_checkpoint(trainer, path)
 

@@ -9,6 +9,7 @@ where everything is; `assemble` builds the LightningModule, datamodule and Train
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import shlex
 from datetime import timedelta
@@ -19,6 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
+from datamodules.objective import trained_seq_len
 from datamodules.pretrain import PretrainDataModule
 from models.hf import export_hf
 from pipeline.budget import Pace, TimeBudget, budget_seconds
@@ -79,6 +81,9 @@ def build_trainer(
         trainer_arguments(cfg.trainer),
         precision=cfg.trainer.precision or best_precision(),
         val_check_interval=val_every,
+        # an objective phase ends its epoch at its last step; the next epoch's loader is the
+        # next phase's (datamodules/pretrain.py)
+        reload_dataloaders_every_n_epochs=1 if cfg.objective.get("phases") else 0,
         # a backstop: the budget's plan ends the run before it
         max_time=timedelta(seconds=budget.seconds) if budget else cfg.trainer.max_time,
         logger=loggers or False,
@@ -113,6 +118,7 @@ def build_datamodule(cfg: DictConfig, plan: RunPlan, tokenizer: Tokenizer) -> Pr
         cfg.paths.cache_dir,
         seed=cfg.seed,
         micro_batches=cfg.trainer.accumulate_grad_batches,
+        max_steps=cfg.trainer.max_steps,
         **cfg.datamodule,
     )
 
@@ -144,7 +150,7 @@ def assemble(
         tokenizer,
         plan.tokenizer.kind,
         OmegaConf.to_container(cfg, resolve=True),
-        trained_seq_len=plan.objective.seq_len,
+        trained_seq_len=functools.partial(trained_seq_len, datamodule.phases),
     )
     budget = TimeBudget(seconds, pace) if pace is not None else None
     probe = build_probe(cfg.get("probe"), tokenizer, plan)

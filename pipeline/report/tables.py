@@ -29,6 +29,7 @@ CONFIG_ROWS = (
     ("data paths", "data.paths"),
     ("sequence length", "objective.seq_len"),
     ("batch size (per device)", "objective.batch_size"),
+    ("objective phases", "objective.phases"),
     ("accumulation", "trainer.accumulate_grad_batches"),
     ("devices", "trainer.devices"),
     ("precision", "trainer.precision"),

@@ -29,6 +29,19 @@ from tests.conftest import compose_pretrain
         (["objective.mlm_probability=0"], r"objective\.mlm_probability must be in \(0, 1\]"),
         (["objective.mask_replace_prob=0.95"], r"mask_replace_prob \+ objective\.random"),
         (["objective.seq_len=1024"], r"objective\.seq_len=1024 exceeds model\.max_seq_len=512"),
+        (
+            ["objective.phases=[{share:0.9},{share:0.1,seq_len:1024}]"],
+            r"objective\.phases\[1\]\.seq_len=1024 exceeds model\.max_seq_len=512",
+        ),
+        (["objective.phases=[{share:0.5}]"], r"shares of objective\.phases add up to 0\.5"),
+        (
+            ["objective.phases=[{share:0.999},{share:0.001}]"],
+            r"objective\.phases\[1\] gets no step of trainer\.max_steps=300",
+        ),
+        (
+            ["objective.phases=[{share:0.9},{share:0.1,seq_len:512}]", "trainer.budget=10m"],
+            r"objective\.phases split trainer\.max_steps, but trainer\.budget=10m",
+        ),
         (["tokenizer.vocab_size=3"], r"tokenizer\.vocab_size=3 is too small"),
         (["trainer.max_steps=-1"], r"trainer\.max_steps must be a positive integer"),
         (["trainer.precision=fp8"], r"trainer\.precision='fp8'"),

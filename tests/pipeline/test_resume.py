@@ -435,3 +435,41 @@ def test_probes_change_nothing_and_a_probed_run_resumes_exactly(shared_runs):
     start = assert_resumes_exactly(tmp_path, run, "probed-killed", reference(1))
     logged = probe_steps(tmp_path / "out/bert-tiny/probed-killed")
     assert {0, start + 5 - start % 5, STEPS} <= set(logged)
+
+
+PHASES = (
+    "objective.phases=[{share:0.25},"
+    "{share:0.75,seq_len:256,batch_size:4,max_predictions_per_seq:40}]"
+)
+
+
+def test_a_phased_run_resumes_exactly_before_at_and_after_its_switch(shared_runs):
+    """objective.phases: 10 of 40 steps at 128 tokens, then 256. Runs resumed from the
+    reference's checkpoints at step 5 (phase 0), 10 (the switch) and 15 (phase 1) continue
+    exactly as it did; the checkpoints record the longest length trained so far."""
+    tmp_path, _ = shared_runs
+    run = (*RUN, PHASES, f"trainer.max_steps={STEPS}", "checkpoint.keep_last=10")
+    done = run_pretrain(tmp_path, *run, "run_name=phased-reference")
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference_dir = tmp_path / "out/bert-tiny/phased-reference"
+    saved = {
+        step: torch.load(reference_dir / f"checkpoints/step{step:07d}.ckpt", weights_only=True)
+        for step in (5, 10, 15)
+    }
+    assert [saved[s]["trained_seq_len"] for s in (5, 10, 15)] == [128, 128, 256]
+    assert [saved[s]["PretrainDataModule"]["phase"] for s in (5, 10, 15)] == [0, 0, 1]
+    expected = train_losses(reference_dir)
+    reference_final = torch.load(reference_dir / "checkpoints/last.ckpt", weights_only=True)
+    for start in (5, 10, 15):
+        name = f"phased-from-{start}"
+        checkpoint = reference_dir / f"checkpoints/step{start:07d}.ckpt"
+        resumed = run_pretrain(tmp_path, *run, f"run_name={name}", f"resume={checkpoint}")
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        got = train_losses(tmp_path / f"out/bert-tiny/{name}")
+        assert sorted(got) == list(range(start + 1, STEPS + 1))
+        assert all(got[step] == expected[step] for step in got), start
+        final = torch.load(
+            tmp_path / f"out/bert-tiny/{name}/checkpoints/last.ckpt", weights_only=True
+        )
+        weights, reference_weights = final["state_dict"], reference_final["state_dict"]
+        assert all(torch.equal(weights[k], reference_weights[k]) for k in reference_weights)
