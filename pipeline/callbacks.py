@@ -1,4 +1,4 @@
-"""Callbacks of a pretraining run: throughput and MFU."""
+"""Callbacks of a pretraining run: throughput and MFU, and a validation of the last step."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import time
 
 import lightning as L
 import torch
+
+from pipeline.lightning_compat import run_max_steps, step_boundary
 
 # Dense bf16 peak FLOP/s by device name (datasheet figures). A device not listed gets no MFU:
 # a wrong peak gives wrong numbers (nanoGPT users saw ">100% MFU" from an A100 peak on H100s).
@@ -54,3 +56,17 @@ class Throughput(L.Callback):
         self._start = now
         self._tokens = pl_module.tokens_in(batch)
         self._samples = int(batch["input_ids"].shape[0])
+
+
+class ValidateLastStep(L.Callback):
+    """Validates after the run's last optimizer step when the validation interval would not
+    (a step count that is not a multiple of it, or the end a time budget planned), so that the
+    final model's validation metrics are logged and can make it the best checkpoint.
+
+    Lightning validates after a batch at which `should_stop` is set; setting it at the last
+    step changes nothing else, as the run stops there anyway.
+    """
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if step_boundary(trainer) and 0 < run_max_steps(trainer) <= trainer.global_step:
+            trainer.should_stop = True

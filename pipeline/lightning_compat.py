@@ -33,6 +33,7 @@ INTERNALS: tuple[tuple[type, str], ...] = (
     (ModelCheckpoint, "_save_last_checkpoint"),
     (ModelCheckpoint, "_remove_checkpoint"),
     (ModelCheckpoint, "_last_global_step_saved"),
+    (ModelCheckpoint, "_defer_save_until_validation"),
     (ExperimentWriter, "_check_log_dir_exists"),
     (ExperimentWriter, "metrics_keys"),
     (CSVLogger, "_experiment"),
@@ -80,6 +81,12 @@ def step_boundary(trainer: L.Trainer) -> bool:
 def set_logging_step(trainer: L.Trainer, step: int) -> None:
     """Make the step that loggers see `step` (Lightning counts it apart from `global_step`)."""
     trainer.fit_loop.epoch_loop._batches_that_stepped = step
+
+
+def run_max_steps(trainer: L.Trainer) -> int:
+    """The optimizer steps after which the run stops (`trainer.max_steps`, or a budget's plan
+    set with `set_max_steps`; -1: none)."""
+    return trainer.fit_loop.epoch_loop.max_steps
 
 
 def set_max_steps(trainer: L.Trainer, steps: int) -> None:

@@ -24,7 +24,7 @@ from datamodules.objective import trained_seq_len
 from datamodules.pretrain import PretrainDataModule
 from models.hf import export_hf
 from pipeline.budget import Pace, TimeBudget, budget_seconds
-from pipeline.callbacks import Throughput
+from pipeline.callbacks import Throughput, ValidateLastStep
 from pipeline.checkpoints import (
     AtomicCheckpointIO,
     CheckpointExtras,
@@ -92,6 +92,7 @@ def build_trainer(
             extras,
             *([budget] if budget else []),
             *([probe] if probe else []),
+            ValidateLastStep(),
             GracefulStop(),
             *progress_bar(cfg.trainer),
             *checkpoint_callbacks(run_dir, **cfg.checkpoint),

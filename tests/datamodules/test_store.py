@@ -320,6 +320,9 @@ CACHE_CASES = [
     ("bert", ["objective.next_sentence_prediction=false"], False, False),
     ("bert", ["objective.short_seq_prob=0.5"], False, False),
     ("bert", ["objective.whole_word_masking=true"], False, False),
+    # both phases' batches come from one store (braces doubled: the overrides are formatted)
+    ("bert", ["objective.phases=[{{share:0.5}},{{share:0.5,seq_len:512}}]"], False, False),
+    ("gpt", ["objective.phases=[{{share:0.5,seq_len:64}},{{share:0.5}}]"], False, False),
     ("gpt", ["objective.seq_len=64"], False, False),
     ("gpt", ["objective.batch_size=4"], False, False),
     ("gpt", ["objective.document_masking=true"], False, False),

@@ -11,7 +11,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from tokenizers import Tokenizer
 
+from models.hf import export_hf
 from pipeline.config import ConfigError
 from pipeline.glue import Job, SuiteTask, job_config, plan, run_suite, seeds_of, suite_tasks
 from pipeline.report import write_report
@@ -231,3 +233,29 @@ def test_a_gpt_checkpoint_runs_the_suite(tmp_path, monkeypatch):
     (row,) = summary.rows
     assert row.task == "rte" and row.baseline in ("majority", "word overlap")
     assert set(row.pretrained.scores) == set(row.scratch.scores) == {1}
+
+
+@needs_glue
+def test_a_hugging_face_folder_runs_the_suite_with_its_own_tokenizer(tmp_path, monkeypatch):
+    """ckpt= an HF folder (our export; a BERT saved from the Hub looks the same): both inits
+    fine-tune with the folder's tokenizer, the twin from random weights."""
+    model, tokenizer, _ = write_run(tmp_path / "bert", "bert")
+    export_hf(model, tmp_path / "hf", tokenizer=tokenizer)
+    cfg = compose_config(
+        "glue", f"ckpt={tmp_path / 'hf'}", "tasks=[mrpc]", "seeds=1", *SMALL, run_dir=tmp_path / "s"
+    )
+    cfg.task = None
+    monkeypatch.setenv("GLUE_DIR", str(GLUE))
+    summary = run_suite(cfg, load_task)
+    (row,) = summary.rows
+    assert row.task == "mrpc" and set(row.pretrained.scores) == set(row.scratch.scores) == {1}
+    start = model.state_dict()["bert.embeddings.word.weight"]
+    for init in ("pretrained", "scratch"):
+        tuned = torch.load(
+            tmp_path / "s" / "mrpc" / f"{init}-seed1" / "checkpoints" / "best.ckpt",
+            weights_only=False,
+        )
+        assert Tokenizer.from_str(tuned["tokenizer"]["json"]).get_vocab() == tokenizer.get_vocab()
+        weights = tuned["state_dict"]["model.backbone.embeddings.word.weight"]
+        correlation = torch.corrcoef(torch.stack([weights.flatten(), start.flatten()]))[0, 1]
+        assert correlation > 0.99 if init == "pretrained" else abs(correlation) < 0.1

@@ -191,6 +191,9 @@ def test_killed_run_with_a_time_budget_resumes_exactly(shared_runs):
     reference_dir = tmp_path / "out/bert-tiny/budget-reference"
     steps = max(train_losses(reference_dir))
     assert steps == 43  # the plan, far below max_steps
+    with open(reference_dir / "logs" / "metrics.csv") as handle:
+        validated = [int(r["step"]) for r in csv.DictReader(handle) if r["val/loss"]]
+    assert validated == [20, 40, 43]  # every 20 steps, and the planned last one
     process = interrupt_mid_run(tmp_path, run, "budget-killed", signal.SIGKILL, **entry)
     assert process.returncode == -signal.SIGKILL
     assert_resumes_exactly(tmp_path, run, "budget-killed", reference_dir, steps, **entry)
@@ -223,7 +226,9 @@ def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_na
     assert "model.d_ff: checkpoint 512, this run 256" in wider.stderr
 
 
-def test_final_checkpoint_is_written_when_steps_are_not_a_multiple_of_the_interval(tmp_path):
+def test_final_checkpoint_and_validation_when_steps_are_not_a_multiple_of_the_intervals(
+    tmp_path,
+):
     result = run_pretrain(
         tmp_path,
         "model=gpt-tiny",
@@ -231,11 +236,15 @@ def test_final_checkpoint_is_written_when_steps_are_not_a_multiple_of_the_interv
         "trainer.max_steps=7",
         "run_name=odd",
         "checkpoint.every_n_steps=5",
+        "trainer.val_check_interval=5",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     directory = tmp_path / "out/gpt-tiny/odd/checkpoints"
     assert torch.load(directory / "last.ckpt", weights_only=True)["global_step"] == 7
     assert (directory / "step0000007.ckpt").is_file()
+    with open(tmp_path / "out/gpt-tiny/odd/logs/metrics.csv") as handle:
+        validated = [int(r["step"]) for r in csv.DictReader(handle) if r["val/loss"]]
+    assert validated == [5, 7]  # the last step too, though 7 is no multiple of 5
 
 
 def test_resuming_from_the_end_of_run_checkpoint_logs_the_next_steps(tmp_path):
