@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.config import BertConfig
-from models.layers import attention, merge_heads, split_heads
+from models.layers import attention, fused_linear, merge_heads, split_heads
 
 __all__ = [
     "BertConfig",
@@ -77,7 +77,7 @@ class BertLayer(nn.Module):
         D = config.d_model
         self.n_heads = config.n_heads
         self.attn_dropout = config.attn_dropout
-        self.qkv = nn.Linear(D, 3 * D)
+        self.qkv = fused_linear(D, (D, D, D))
         self.attn_out = nn.Linear(D, D)
         self.attn_norm = nn.LayerNorm(D, eps=config.layer_norm_eps)
         self.ff_in = nn.Linear(D, config.d_ff)

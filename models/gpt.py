@@ -31,6 +31,7 @@ from models.layers import (
     apply_rotary,
     attention,
     compute_dtype,
+    fused_linear,
     linear_cross_entropy,
     merge_heads,
     rope_cos_sin,
@@ -129,9 +130,8 @@ class GPTAttention(nn.Module):
         self.n_heads, self.n_kv_heads = config.n_heads, config.n_kv_heads
         self.head_dim = config.head_dim
         self.dropout = config.dropout
-        self.wqkv = nn.Linear(
-            config.d_model, (config.n_heads + 2 * config.n_kv_heads) * config.head_dim, bias=False
-        )
+        q_rows, kv_rows = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+        self.wqkv = fused_linear(config.d_model, (q_rows, kv_rows, kv_rows), bias=False)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.d_model, bias=False)
 
     def forward(

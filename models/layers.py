@@ -127,6 +127,18 @@ def apply_rotary(x_BTnE: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 
 
 # ----------------------------------------------------------------------------------------------
+# Fused projections
+
+
+def fused_linear(d_in: int, rows: tuple[int, ...], bias: bool = True) -> nn.Linear:
+    """One `nn.Linear` computing several projections of the same input in one matmul: its
+    weight stacks their (rows_i, d_in) matrices. `fused_rows` records the split, for code that
+    must treat the matrices apart (Muon orthogonalizes each one, `pipeline/muon.py`)."""
+    linear = nn.Linear(d_in, sum(rows), bias=bias)
+    linear.fused_rows = tuple(rows)
+    return linear
+
+
 # Feed-forward
 
 
@@ -139,7 +151,7 @@ class SwiGLU(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int) -> None:
         super().__init__()
-        self.w13 = nn.Linear(d_model, 2 * d_ff, bias=False)
+        self.w13 = fused_linear(d_model, (d_ff, d_ff), bias=False)
         self.w2 = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:

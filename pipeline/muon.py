@@ -12,6 +12,12 @@ checkpoints see a single optimizer with one state and one step. With
 `adjust_lr_fn="match_rms_adamw"` (the default here) Muon's update has AdamW's RMS, so both parts
 can share one learning rate and weight decay.
 
+A fused projection (BERT's and GPT's QKV, SwiGLU's gate and up, `models.layers.fused_linear`)
+is several matrices in one weight. With `split_fused=True` each is orthogonalized on its own,
+with its own shape's learning-rate scale, as if the projections were separate layers, which is
+how Muon's reference implementations treat query, key and value; the default orthogonalizes the
+stack as one matrix, the setting every measurement in the README used.
+
 Muon needs whole matrices: FSDP, which hands the optimizer flat shards, is refused.
 """
 
@@ -46,6 +52,15 @@ def orthogonalize(matrix: torch.Tensor, steps: int, dtype: torch.dtype, eps: flo
     return x if wide else x.T
 
 
+def lr_scale(shape: torch.Size, adjust_lr_fn: str | None) -> float:
+    """The factor on Muon's learning rate for a matrix of `shape` (A, B): 0.2 sqrt(max(A, B))
+    gives the update AdamW's RMS (`match_rms_adamw`); `original` (or None): sqrt(max(1, A / B))."""
+    rows, cols = shape
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return math.sqrt(max(1.0, rows / cols))
+
+
 @functools.cache
 def fast_dtype(device: torch.device) -> torch.dtype:
     """bf16 where the device multiplies it natively (a GPU with bf16, a CPU with avx512_bf16 or
@@ -66,12 +81,15 @@ class MuonWithAdamW(torch.optim.Optimizer):
     (AdamW's update RMS) or lr * sqrt(max(1, A / B)) for `original`.
 
     Args:
-        params: param groups, each with `muon: True` or `muon: False` (`group_parameters`).
+        params: param groups, each with `muon: True` or `muon: False` (`group_parameters`); a
+            Muon group may hold `row_blocks`, per parameter the row counts of the matrices
+            stacked in it (None: one matrix).
         lr, weight_decay, momentum, nesterov, ns_steps, adjust_lr_fn: Muon's.
         adamw_lr: AdamW's peak learning rate (None: `lr`).
         betas, eps: AdamW's.
         adamw_weight_decay: AdamW's for the matrices it updates (None: `weight_decay`).
         ns_dtype: the orthogonalization's dtype: "auto" (`fast_dtype`), "bfloat16" or "float32".
+        split_fused: read by `group_parameters` (which sets the groups' `row_blocks`).
     """
 
     def __init__(
@@ -88,6 +106,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         eps: float = 1e-8,
         adamw_weight_decay: float | None = None,
         ns_dtype: str = "auto",
+        split_fused: bool = False,
     ) -> None:
         if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
             raise ValueError(f"adjust_lr_fn={adjust_lr_fn!r}: use match_rms_adamw or original")
@@ -115,6 +134,14 @@ class MuonWithAdamW(torch.optim.Optimizer):
                         "optim=muon needs whole 2-D weight matrices, but some are not (FSDP "
                         "flattens them); use trainer=ddp, or optim=adamw_gpt with FSDP"
                     )
+                blocks = group.setdefault("row_blocks", [None] * len(group["params"]))
+                if len(blocks) != len(group["params"]) or any(
+                    b is not None and sum(b) != p.shape[0]
+                    for b, p in zip(blocks, group["params"], strict=False)
+                ):
+                    raise ValueError(
+                        "row_blocks must give, per parameter, row counts summing to its rows"
+                    )
             else:
                 group.setdefault("lr", adamw_lr or lr)
         muon = [g for g in groups if g["muon"] and g["params"]]
@@ -133,7 +160,13 @@ class MuonWithAdamW(torch.optim.Optimizer):
             self._adamw.state = self.state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # how the weights split is the model's structure, not a setting: keep the current
+        # (a checkpoint from before fused splits has none)
+        blocks = [group.get("row_blocks") for group in self.param_groups]
         super().load_state_dict(state_dict)
+        for group, row_blocks in zip(self.param_groups, blocks, strict=True):
+            if group["muon"]:
+                group["row_blocks"] = row_blocks
         self._link()
 
     @torch.no_grad()
@@ -151,7 +184,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     def _muon_step(self, group: dict) -> None:
         mu, lr = group["momentum"], group["lr"]
-        for param in group["params"]:
+        for param, blocks in zip(group["params"], group["row_blocks"], strict=True):
             if param.grad is None:
                 continue
             grad = param.grad
@@ -166,21 +199,19 @@ class MuonWithAdamW(torch.optim.Optimizer):
                 if group["ns_dtype"] == "auto"
                 else getattr(torch, group["ns_dtype"])
             )
-            update = orthogonalize(update, group["ns_steps"], dtype)
-            rows, cols = param.shape
-            if group["adjust_lr_fn"] == "match_rms_adamw":
-                scale = 0.2 * math.sqrt(max(rows, cols))
-            else:
-                scale = math.sqrt(max(1.0, rows / cols))
             param.mul_(1 - lr * group["weight_decay"])
-            param.add_(update.to(param.dtype), alpha=-lr * scale)
+            sizes = list(blocks) if blocks else [len(param)]
+            for rows, part in zip(param.split(sizes), update.split(sizes), strict=True):
+                step = orthogonalize(part, group["ns_steps"], dtype).to(param.dtype)
+                rows.add_(step, alpha=-lr * lr_scale(part.shape, group["adjust_lr_fn"]))
 
     @staticmethod
     def group_parameters(
-        model: nn.Module, weight_decay: float = 0.1, **settings: Any
+        model: nn.Module, weight_decay: float = 0.1, split_fused: bool = False, **settings: Any
     ) -> list[dict]:
         """Muon: the weight matrices of the model's transformer blocks (its family's
-        `block_class`); AdamW: the rest, with decay on linear weights only (`pipeline.optim`).
+        `block_class`), fused ones split into their matrices with `split_fused`; AdamW: the
+        rest, with decay on linear weights only (`pipeline.optim`).
 
         """
         from pipeline.families import family_of_model  # the registry imports the modules
@@ -195,9 +226,20 @@ class MuonWithAdamW(torch.optim.Optimizer):
             if isinstance(m, nn.Linear)
         }
         matrices = [p for p in model.parameters() if id(p) in hidden and p.requires_grad]
+        fused = {
+            id(m.weight): m.fused_rows
+            for m in model.modules()
+            if split_fused and hasattr(m, "fused_rows")
+        }
         decay = weight_decay if adamw_decay is None else adamw_decay
         others = [
             {**g, "params": [p for p in g["params"] if id(p) not in hidden], "muon": False}
             for g in weight_decay_groups(model, decay)
         ]
-        return [{"params": matrices, "muon": True, "weight_decay": weight_decay}, *others]
+        muon = {
+            "params": matrices,
+            "muon": True,
+            "weight_decay": weight_decay,
+            "row_blocks": [fused.get(id(p)) for p in matrices],
+        }
+        return [muon, *others]

@@ -8,6 +8,7 @@ import functools
 
 import pytest
 import torch
+from torch import nn
 
 from models.bert import BertForPreTraining
 from models.config import BertConfig, GPTConfig
@@ -63,7 +64,7 @@ def test_one_step_is_muons_on_the_matrices_and_adamws_on_the_rest():
     torch.manual_seed(0)
     model = GPT(GPT_CONFIG)
     alone = copy.deepcopy(model)
-    combined = build_optimizer(model, MUON_BF16)
+    combined = build_optimizer(model, MUON_BF16)  # fused weights whole, as torch's Muon does
     muon_names, _ = grouped_names(model, combined)
     params = dict(alone.named_parameters())
     muon_alone = torch.optim.Muon(
@@ -87,6 +88,48 @@ def test_one_step_is_muons_on_the_matrices_and_adamws_on_the_rest():
                 optimizer.zero_grad()
     for name, param in model.named_parameters():
         assert torch.allclose(param, dict(alone.named_parameters())[name], atol=1e-7), name
+
+
+@pytest.mark.parametrize(
+    "model", [GPT(GPT_CONFIG), BertForPreTraining(BERT_CONFIG)], ids=["gpt", "bert"]
+)
+def test_fused_projections_are_split_into_their_matrices(model):
+    assert not any(build_optimizer(model, MUON).param_groups[0]["row_blocks"])  # the default
+    optimizer = build_optimizer(model, functools.partial(MUON, split_fused=True))
+    (group,) = [g for g in optimizer.param_groups if g["muon"]]
+    names = {id(p): n for n, p in model.named_parameters()}
+    pairs = zip(group["params"], group["row_blocks"], strict=True)
+    blocks = {names[id(p)].split(".")[-2]: b for p, b in pairs}  # the same in every layer
+    if isinstance(model, GPT):  # 4 query heads and 2 key/value heads of 16; SwiGLU gate and up
+        d_ff = GPT_CONFIG.d_ff
+        assert blocks == {"wqkv": (64, 32, 32), "wo": None, "w13": (d_ff, d_ff), "w2": None}
+    else:
+        assert blocks == {"qkv": (64, 64, 64), "attn_out": None, "ff_in": None, "ff_out": None}
+
+
+def test_a_fused_weight_steps_as_its_matrices_would_apart():
+    """Each block of a fused weight gets torch's Muon step of that block alone (its own
+    orthogonalization and learning-rate scale), which differs from the step of the stack."""
+    generator = torch.Generator().manual_seed(0)
+    rows = (48, 24, 24)
+    start = torch.randn(96, 32, generator=generator)
+    fused, whole = nn.Parameter(start.clone()), nn.Parameter(start.clone())
+    parts = [nn.Parameter(block.clone()) for block in start.split(rows)]
+    settings = {"lr": 1e-2, "weight_decay": 0.1, "adjust_lr_fn": "match_rms_adamw"}
+    ours = MuonWithAdamW(
+        [{"params": [fused], "muon": True, "row_blocks": [rows]}], ns_dtype="bfloat16", **settings
+    )
+    stacked = MuonWithAdamW([{"params": [whole], "muon": True}], ns_dtype="bfloat16", **settings)
+    reference = torch.optim.Muon(parts, **settings)
+    for _ in range(3):
+        grad = torch.randn(96, 32, generator=generator)
+        fused.grad, whole.grad = grad.clone(), grad.clone()
+        for part, block in zip(parts, grad.split(rows), strict=True):
+            part.grad = block.clone()
+        for optimizer in (ours, stacked, reference):
+            optimizer.step()
+    assert torch.allclose(fused, torch.cat(list(parts)), atol=1e-7)
+    assert not torch.allclose(whole, fused, atol=1e-4)
 
 
 def test_orthogonalizing_in_fp32_gives_singular_values_near_one():
