@@ -15,7 +15,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.corpus import CorpusError
-from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective, phase_plan
+from datamodules.objective import (
+    CausalLMObjective,
+    MaskedLMObjective,
+    Objective,
+    longest_seq_len,
+    phase_plan,
+)
 from models.config import BertConfig, GPTConfig
 from pipeline.budget import budget_seconds
 from pipeline.families import UnknownFamilyError, family_of_config
@@ -124,7 +130,7 @@ def _check_phases(objective: Objective, max_seq_len: int, trainer: DictConfig) -
                 f"{where}.seq_len={seq_len} exceeds model.max_seq_len={max_seq_len}; lower the "
                 "first or raise the second"
             )
-    _check_positions(max_seq_len, max(p.objective.seq_len for p in phases))
+    _check_positions(max_seq_len, longest_seq_len(objective))
 
 
 def _check_positions(max_seq_len: int, seq_len: int) -> None:

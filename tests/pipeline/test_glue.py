@@ -182,12 +182,18 @@ def test_the_twin_has_random_weights_and_the_same_tokenizer(suite):
         assert results.init == ("random" if init == "scratch" else str(root / "bert"))
         tuned = torch.load(run / "checkpoints" / "best.ckpt", weights_only=False)
         assert tuned["tokenizer"] == original["tokenizer"]
-        weights = tuned["state_dict"]["model.backbone.embeddings.word.weight"]
-        correlation = torch.corrcoef(torch.stack([weights.flatten(), start.flatten()]))[0, 1]
-        if init == "pretrained":  # three small steps away from the checkpoint
-            assert correlation > 0.99
-        else:
-            assert abs(correlation) < 0.1
+        assert_started_from(tuned, start, init)
+
+
+def assert_started_from(tuned: dict, start: torch.Tensor, init: str) -> None:
+    """The fine-tuned checkpoint's word embeddings are a few small steps from `start` (the
+    pretrained init) or unrelated to it (the twin's random init)."""
+    weights = tuned["state_dict"]["model.backbone.embeddings.word.weight"]
+    correlation = torch.corrcoef(torch.stack([weights.flatten(), start.flatten()]))[0, 1]
+    if init == "pretrained":
+        assert correlation > 0.99
+    else:
+        assert abs(correlation) < 0.1
 
 
 @needs_glue
@@ -221,16 +227,21 @@ def test_report_of_a_suite_folder(suite, tmp_path):
     assert "Downstream suite (make glue)" in page and "pretrained - scratch (95% CI)" in page
 
 
-@needs_glue
-def test_a_gpt_checkpoint_runs_the_suite(tmp_path, monkeypatch):
-    write_run(tmp_path / "gpt", "gpt")
+def one_task_suite(ckpt: Path, task: str, run_dir: Path, monkeypatch):
+    """The single row of a one-seed, one-task small suite of `ckpt` run into `run_dir`."""
     cfg = compose_config(
-        "glue", f"ckpt={tmp_path / 'gpt'}", "tasks=[rte]", "seeds=1", *SMALL, run_dir=tmp_path / "s"
+        "glue", f"ckpt={ckpt}", f"tasks=[{task}]", "seeds=1", *SMALL, run_dir=run_dir
     )
     cfg.task = None
     monkeypatch.setenv("GLUE_DIR", str(GLUE))
-    summary = run_suite(cfg, load_task)
-    (row,) = summary.rows
+    (row,) = run_suite(cfg, load_task).rows
+    return row
+
+
+@needs_glue
+def test_a_gpt_checkpoint_runs_the_suite(tmp_path, monkeypatch):
+    write_run(tmp_path / "gpt", "gpt")
+    row = one_task_suite(tmp_path / "gpt", "rte", tmp_path / "s", monkeypatch)
     assert row.task == "rte" and row.baseline in ("majority", "word overlap")
     assert set(row.pretrained.scores) == set(row.scratch.scores) == {1}
 
@@ -241,13 +252,7 @@ def test_a_hugging_face_folder_runs_the_suite_with_its_own_tokenizer(tmp_path, m
     fine-tune with the folder's tokenizer, the twin from random weights."""
     model, tokenizer, _ = write_run(tmp_path / "bert", "bert")
     export_hf(model, tmp_path / "hf", tokenizer=tokenizer)
-    cfg = compose_config(
-        "glue", f"ckpt={tmp_path / 'hf'}", "tasks=[mrpc]", "seeds=1", *SMALL, run_dir=tmp_path / "s"
-    )
-    cfg.task = None
-    monkeypatch.setenv("GLUE_DIR", str(GLUE))
-    summary = run_suite(cfg, load_task)
-    (row,) = summary.rows
+    row = one_task_suite(tmp_path / "hf", "mrpc", tmp_path / "s", monkeypatch)
     assert row.task == "mrpc" and set(row.pretrained.scores) == set(row.scratch.scores) == {1}
     start = model.state_dict()["bert.embeddings.word.weight"]
     for init in ("pretrained", "scratch"):
@@ -256,6 +261,4 @@ def test_a_hugging_face_folder_runs_the_suite_with_its_own_tokenizer(tmp_path, m
             weights_only=False,
         )
         assert Tokenizer.from_str(tuned["tokenizer"]["json"]).get_vocab() == tokenizer.get_vocab()
-        weights = tuned["state_dict"]["model.backbone.embeddings.word.weight"]
-        correlation = torch.corrcoef(torch.stack([weights.flatten(), start.flatten()]))[0, 1]
-        assert correlation > 0.99 if init == "pretrained" else abs(correlation) < 0.1
+        assert_started_from(tuned, start, init)
