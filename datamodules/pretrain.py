@@ -476,7 +476,8 @@ class PretrainDataModule(L.LightningDataModule):
         """(epoch, optimizer steps of it consumed by training)."""
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == "fit":
-            # Lightning fetches one batch ahead, so count the batches the loop has processed.
+            # Lightning fetches one batch ahead, so count the batches the loop has processed
+            # (an internal that pipeline/lightning_compat.INTERNALS lists for its check).
             done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
             return trainer.current_epoch, done // self.micro_batches
         if self._loader is not None:

@@ -4,9 +4,11 @@ bound.
 
 How: the schedule is built for `trainer.max_steps` schedule steps, and a `Pace` maps the run's
 optimizer steps onto them. `TimeBudget` times the steps and plans how many the budget holds
-(deciding a bounded number of times: after a few calibration steps, then when 10%, 25%, 50%,
-75%, 90% and 95% of the budget has passed, each time from the seconds per step measured so far,
-validations and checkpoints included); at each decision the pace is re-aimed so that the planned
+(deciding a bounded number of times: after a few calibration steps, then each time another
+tenth of the budget has passed, and at 95%). Each decision prices a step as the training steps
+since the previous decision took (so a machine that slows down, say when another job starts, is
+seen at the next decision), plus this process's validation time so far spread over its steps
+(so a validation neither sways one decision nor goes uncounted). At each decision the pace is re-aimed so that the planned
 last step lands on the schedule's last step, continuing from where the schedule is (the learning
 rate never jumps), and Lightning is told to stop there.
 
@@ -135,7 +137,7 @@ class TimeBudget(L.Callback):
     """
 
     # When this fraction of the budget has passed, the plan is made again with what was measured.
-    REPLAN_AT = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
+    REPLAN_AT = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
     def __init__(
         self, seconds: float, pace: Pace, *, calibration_steps: int = 3, margin: float = 0.03
@@ -149,7 +151,12 @@ class TimeBudget(L.Callback):
         self.seconds_per_step: float | None = None
         self.elapsed = 0.0  # budget used up to the last step boundary
         self._attempt: tuple[float, float] | None = None  # (clock at start, elapsed at start)
-        self._timed_from: tuple[int, float] | None = None  # (step, clock) this process times from
+        # What this process measured: the (step, clock, validation seconds) the next price
+        # is taken from, the step its validations are spread over from, and their seconds.
+        self._window: tuple[int, float, float] | None = None
+        self._first_timed_step = 0
+        self._validation_seconds = 0.0
+        self._validation_started: float | None = None
 
     @property
     def state_key(self) -> str:
@@ -175,9 +182,19 @@ class TimeBudget(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._attempt = (clock(), self.elapsed)
-        self._timed_from = None
+        self._window = None
+        self._validation_seconds = 0.0
         if self.pace.planned < self.pace.schedule_steps:  # resumed: the plan made so far holds
             set_max_steps(trainer, self.pace.planned)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self._validation_started = clock()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._validation_started is not None:
+            self._validation_seconds += clock() - self._validation_started
+            self._validation_started = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not step_boundary(trainer):
@@ -186,15 +203,15 @@ class TimeBudget(L.Callback):
         step = trainer.global_step
         started, elapsed_before = self._attempt
         self.elapsed = elapsed_before + (now - started)
-        if self._timed_from is None:
-            self._timed_from = (step, now)  # from the end of this process's first step
+        if self._window is None:  # from the end of this process's first step
+            self._window = (step, now, self._validation_seconds)
+            self._first_timed_step = step
         if step != self.next_decision:
             return
-        # Seconds per step over all the steps this process timed: validations and checkpoints
-        # count in proportion, and no single slow step (a validation) sways the plan.
-        timed_step, timed_at = self._timed_from
-        if step > timed_step:
-            self.seconds_per_step = (now - timed_at) / (step - timed_step)
+        rate = self._price_step(step, now)
+        if rate is not None:
+            self.seconds_per_step = rate
+        self._window = (step, now, self._validation_seconds)
         planned, next_decision, self.aimed_at = trainer.strategy.broadcast(self._plan(step), src=0)
         self.pace.replan(step, planned)
         set_max_steps(trainer, planned)
@@ -209,6 +226,17 @@ class TimeBudget(L.Callback):
                 self.elapsed,
                 self.seconds,
             )
+
+    def _price_step(self, step: int, now: float) -> float | None:
+        """Seconds per step from what this process measured: the training steps since the
+        window opened, plus the validations so far spread over every step timed; None when
+        no step was timed yet (resumed right at a decision)."""
+        window_step, window_clock, window_validation = self._window
+        if step <= window_step:
+            return None
+        validation_in_window = self._validation_seconds - window_validation
+        training = (now - window_clock - validation_in_window) / (step - window_step)
+        return training + self._validation_seconds / (step - self._first_timed_step)
 
     def _plan(self, step: int) -> tuple[int, int, float]:
         """(the planned last step, at most `trainer.max_steps`; the step of the next decision,

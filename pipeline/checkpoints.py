@@ -1,16 +1,10 @@
 """What a pretraining checkpoint holds, how it is written, which ones are kept, and resuming.
 
 A checkpoint (`<run dir>/checkpoints/*.ckpt`, a Lightning checkpoint) holds the model, optimizer,
-schedule, precision scaler, loop counters and data position (Lightning's own keys), plus:
-
-    model_config  {"family": "bert"|"gpt", **BertConfig|GPTConfig fields}
-    tokenizer     {"kind": "wordpiece"|"bpe", "json": the tokenizer's JSON}
-    config        the resolved run config (plain dict)
-    rng           torch (CPU and CUDA), numpy and Python RNG states
-    wandb         {"id", "project", "group", "name"} of the run's wandb run, when it has one
-                  (pipeline/loggers.py; a resumed run continues it)
-
-Everything in it is plain data, so it loads with `torch.load(weights_only=True)`.
+schedule, precision scaler, loop counters and data position (Lightning's own keys), plus the
+pipeline's `CheckpointRecord` (pipeline/checkpoint_record.py: architecture, tokenizer, resolved
+config, longest trained length, wandb run, RNG states), written by `CheckpointExtras`. Everything
+in it is plain data, so it loads with `torch.load(weights_only=True)`.
 
 Kept: the last `keep_last` periodic checkpoints (`stepNNNNNNN.ckpt`), the `keep_best` best by
 validation loss (`best-stepNNNNNNN.ckpt`), and `last.ckpt`. Each file is written to a temporary
@@ -20,7 +14,6 @@ name, fsynced and renamed, so a crash never leaves a half-written checkpoint und
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import random
 from collections.abc import Callable
@@ -35,8 +28,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from tokenizers import Tokenizer
 
 from models.config import BertConfig, GPTConfig
+from pipeline.checkpoint_record import CheckpointLoadError, CheckpointRecord
 from pipeline.config import ConfigError
-from pipeline.families import family_of_config
 from pipeline.lightning_compat import (
     last_saved_step,
     mark_saved,
@@ -46,7 +39,7 @@ from pipeline.lightning_compat import (
     set_logging_step,
     step_boundary,
 )
-from pipeline.load import TRAINED_SEQ_LEN, CheckpointLoadError, read_checkpoint, trained_seq_len
+from pipeline.load import read_checkpoint
 from pipeline.loggers import wandb_run_record
 from pipeline.run_folder import CHECKPOINT_DIR, refuse_overwrite
 from tokenizer import atomic_path
@@ -195,18 +188,14 @@ def checkpoint_callbacks(
     return callbacks
 
 
-def model_config_record(config: Any) -> dict[str, Any]:
-    """The `model_config` checkpoint entry: the family's name and the config's fields."""
-    return {"family": family_of_config(config).name, **dataclasses.asdict(config)}
-
-
 class CheckpointExtras(L.Callback):
-    """Adds the tokenizer, resolved config and RNG states to every checkpoint, and restores the
-    RNG states on resume (dropout then draws the same masks as in the uninterrupted run).
+    """Writes the pipeline's `CheckpointRecord` into every checkpoint (architecture, tokenizer,
+    resolved config, longest trained length, wandb run, RNG states), and restores the RNG
+    states on resume (dropout then draws the same masks as in the uninterrupted run).
 
     The RNG states of every rank are gathered into the checkpoint (a list indexed by rank), as
     ranks draw different amounts (BERT batches differ in width), and each rank gets its own
-    back. The wandb run is recorded too (`pipeline.loggers.wandb_run_record`), so that a run
+    back. The wandb run is recorded (`pipeline.loggers.wandb_run_record`) so that a run
     resumed from the checkpoint continues it.
     """
 
@@ -215,42 +204,38 @@ class CheckpointExtras(L.Callback):
         tokenizer: Tokenizer,
         tokenizer_kind: str,
         config: dict[str, Any],
-        trained_seq_len: int | Callable[[int], int] | None = None,
+        trained_seq_len: Callable[[int], int | None] = lambda steps: None,
     ):
-        """`trained_seq_len`: the longest sequence trained, or a function of the optimizer
-        steps done that gives it (a pretraining run whose objective phases change it)."""
-        self.tokenizer = {"kind": tokenizer_kind, "json": tokenizer.to_str()}
+        """`trained_seq_len`: the longest sequence trained after a number of optimizer steps
+        (the objective's phases may lengthen it as a run goes on; None: unknown)."""
+        self.tokenizer = CheckpointRecord.describe_tokenizer(tokenizer, tokenizer_kind)
         self.config = config
-        self.seq_len_at = trained_seq_len if callable(trained_seq_len) else None
-        self.trained_seq_len = None if callable(trained_seq_len) else trained_seq_len
+        self.seq_len_at = trained_seq_len
+        self.resumed_seq_len: int | None = None  # what the checkpoint resumed from had trained
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        checkpoint["model_config"] = model_config_record(pl_module.model_config)
-        checkpoint["tokenizer"] = self.tokenizer
-        checkpoint["config"] = self.config
-        lengths = [self.trained_seq_len]
-        if self.seq_len_at is not None:
-            lengths.append(self.seq_len_at(trainer.global_step))
-        if any(length is not None for length in lengths):
-            checkpoint[TRAINED_SEQ_LEN] = max(n for n in lengths if n is not None)
-        wandb_run = wandb_run_record(trainer.loggers)
-        if wandb_run is not None:
-            checkpoint["wandb"] = wandb_run
+        lengths = [self.resumed_seq_len, self.seq_len_at(trainer.global_step)]
+        known = [n for n in lengths if n is not None]
         states = rng_states()
         if trainer.world_size > 1:  # this hook runs on every rank; only rank 0 writes
             gathered: list[Any] = [None] * trainer.world_size
             torch.distributed.all_gather_object(gathered, states)
-            checkpoint["rng"] = gathered
         else:
-            checkpoint["rng"] = [states]
+            gathered = [states]
+        CheckpointRecord(
+            model_config=CheckpointRecord.describe_model(pl_module.model_config),
+            tokenizer=self.tokenizer,
+            config=self.config,
+            trained_seq_len=max(known) if known else None,
+            wandb=wandb_run_record(trainer.loggers) or {},
+            rng=gathered,
+        ).write_into(checkpoint)
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        earlier = trained_seq_len(checkpoint)  # a resumed run has trained the longer of both
-        if earlier is not None:
-            self.trained_seq_len = max(self.trained_seq_len or 0, earlier)
-        saved = checkpoint.get("rng") or []
-        if trainer.global_rank < len(saved):
-            restore_rng_states(saved[trainer.global_rank])
+        record = CheckpointRecord.of(checkpoint)
+        self.resumed_seq_len = record.trained_seq_len  # a resumed run trained the longer of both
+        if trainer.global_rank < len(record.rng):
+            restore_rng_states(record.rng[trainer.global_rank])
         else:
             log.warning("the checkpoint has no RNG state for rank %d", trainer.global_rank)
 
@@ -379,19 +364,19 @@ def check_compatible(
 ) -> None:
     """Raise `CheckpointLoadError` listing every model field (and the tokenizer) that differs
     between a checkpoint and this run."""
-    saved = checkpoint.get("model_config")
+    record = CheckpointRecord.of(checkpoint)
+    saved = record.model_config
     if saved is None:
         raise CheckpointLoadError(
             "the checkpoint has no model_config: it was not written by this pipeline's pretraining"
         )
-    current = model_config_record(model_config)
+    current = CheckpointRecord.describe_model(model_config)
     differing = [key for key, value in current.items() if saved.get(key) != value]
     mismatched = [
         f"model.{key}: checkpoint {saved.get(key)!r}, this run {current[key]!r}"
         for key in differing
     ]
-    saved_tokenizer = checkpoint.get("tokenizer")
-    if saved_tokenizer is not None and saved_tokenizer["json"] != tokenizer.to_str():
+    if record.tokenizer is not None and record.tokenizer.get("json") != tokenizer.to_str():
         mismatched.append(
             "tokenizer: the checkpoint was trained with a different tokenizer (its settings are "
             "in the checkpoint's 'config' entry)"

@@ -252,4 +252,7 @@ def user_errors() -> Iterator[None]:
             raise
         print(f"error: {err}", file=sys.stderr)
         print("(set LMPIPE_DEBUG=1 to see the traceback)", file=sys.stderr)
+        from pipeline.run_folder import remove_unused_run_folder  # it imports this module
+
+        remove_unused_run_folder()
         sys.exit(2)

@@ -45,7 +45,6 @@ from pipeline.loggers import (
     log_run_start,
     log_table,
     progress_bar,
-    saved_wandb_run,
     tokenizer_fingerprint,
 )
 from pipeline.precision import best_precision
@@ -212,7 +211,7 @@ def finetune(cfg: DictConfig, source: CheckpointSource | None = None) -> Finetun
     )
     config = OmegaConf.to_container(cfg, resolve=True)
     # fine-tunes of a checkpoint join its wandb project and group
-    pretraining = saved_wandb_run(source.contents)
+    pretraining = source.record.wandb
     loggers = build_loggers(
         cfg,
         run_dir,
@@ -226,7 +225,7 @@ def finetune(cfg: DictConfig, source: CheckpointSource | None = None) -> Finetun
         precision=cfg.trainer.precision or best_precision(),
         logger=loggers or False,
         callbacks=[
-            CheckpointExtras(tokenizer, kind, config, trained_seq_len=trained),
+            CheckpointExtras(tokenizer, kind, config, trained_seq_len=lambda steps: trained),
             checkpoint,
             *progress_bar(cfg.trainer),
         ],

@@ -35,15 +35,9 @@ from torch import nn
 
 from models.config import BertConfig, GPTConfig
 from models.hf import UnsupportedCheckpointError, load_hf
+from pipeline.checkpoint_record import CheckpointLoadError, CheckpointRecord
 from pipeline.config import ConfigError
-from pipeline.families import (
-    UnknownFamilyError,
-    families,
-    family_named,
-    family_of_model,
-    family_of_tokenizer_model,
-    tokenizer_kinds,
-)
+from pipeline.families import families, family_named, family_of_model, family_of_tokenizer_model
 from tokenizer import TokenizerLoadError, load_tokenizer
 
 __all__ = [
@@ -51,8 +45,6 @@ __all__ = [
     "CheckpointSource",
     "Pretrained",
     "WrongFamilyError",
-    "checkpoint_model_config",
-    "checkpoint_tokenizer",
     "expect_family",
     "inference_autocast",
     "load_pretrained",
@@ -75,11 +67,6 @@ FOLDER_CANDIDATES = (
     "last.ckpt",
     "hf/config.json",
 )
-FINETUNE_KEY = "finetune"  # the checkpoint entry that marks (and describes) a fine-tuned model
-
-
-class CheckpointLoadError(ValueError):
-    """A trained model could not be loaded; the message names the path and the fix."""
 
 
 class WrongFamilyError(CheckpointLoadError):
@@ -122,11 +109,16 @@ class CheckpointSource:
     contents: dict[str, Any] | None
 
     @property
+    def record(self) -> CheckpointRecord:
+        """The pipeline's entries of the checkpoint (all empty for an HF folder)."""
+        return CheckpointRecord.of(self.contents)
+
+    @property
     def kind(self) -> str:
         """ "hf", "finetuned" (a task model) or "pretrained"."""
         if self.contents is None:
             return "hf"
-        return "finetuned" if FINETUNE_KEY in self.contents else "pretrained"
+        return "finetuned" if self.record.finetune is not None else "pretrained"
 
 
 def resolve_checkpoint(given: str | os.PathLike | CheckpointSource) -> CheckpointSource:
@@ -201,27 +193,13 @@ def _load_lightning_checkpoint(path: Path, checkpoint: dict[str, Any]) -> Pretra
                 "written by `make pretrain`; load the run's HF export instead (the hf/ folder "
                 "next to checkpoints/), or re-train with the current pipeline"
             )
-    family, config = checkpoint_model_config(path, checkpoint["model_config"])
-    tokenizer, kind = checkpoint_tokenizer(path, checkpoint["tokenizer"])
+    record = CheckpointRecord.of(checkpoint)
+    family, config = record.model(path)
+    tokenizer, kind = record.tokenizer_and_kind(path)
     state = model_state(checkpoint)
     model = _build_model(path, family, config, state)
     _check_vocab(path, tokenizer, config.vocab_size)
-    return Pretrained(family, model, tokenizer, kind, path, trained_seq_len(checkpoint))
-
-
-# Checkpoint entry: the longest sequence (tokens) the model was trained on.
-TRAINED_SEQ_LEN = "trained_seq_len"
-
-
-def trained_seq_len(checkpoint: dict[str, Any]) -> int | None:
-    """The longest sequence (tokens, special ones included) a checkpoint's model was trained
-    on: recorded since this entry exists, else its pretraining config's `objective.seq_len`;
-    None when unknown."""
-    if TRAINED_SEQ_LEN in checkpoint:
-        return int(checkpoint[TRAINED_SEQ_LEN])
-    objective = (checkpoint.get("config") or {}).get("objective") or {}
-    length = objective.get("seq_len") if isinstance(objective, dict) else None
-    return int(length) if isinstance(length, int) else None
+    return Pretrained(family, model, tokenizer, kind, path, record.trained_seq_len)
 
 
 def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -270,43 +248,6 @@ def _unreadable(path: Path, err: Exception) -> CheckpointLoadError:
         "truncated or corrupt (e.g. copied while it was being written): use another checkpoint "
         "of the run or copy it again"
     )
-
-
-def checkpoint_model_config(path: Path, entry: Any) -> tuple[str, BertConfig | GPTConfig]:
-    fields = dict(entry) if isinstance(entry, dict) else {}
-    try:
-        family = family_named(fields.pop("family", None))
-    except UnknownFamilyError as err:
-        known = ", ".join(repr(f.name) for f in families())
-        raise CheckpointLoadError(
-            f"{path}: model_config['family'] is {err.args[1]!r}, expected one of {known}; the "
-            "checkpoint was not written by `make pretrain`"
-        ) from err
-    config_class = family.config_class
-    try:
-        return family.name, config_class(**fields)
-    except (TypeError, ValueError) as err:
-        raise CheckpointLoadError(
-            f"{path}: model_config does not make a valid {config_class.__name__} ({err}); the "
-            "checkpoint may come from a different version of the pipeline"
-        ) from err
-
-
-def checkpoint_tokenizer(path: Path, entry: Any) -> tuple[Tokenizer, str]:
-    kind = entry.get("kind") if isinstance(entry, dict) else None
-    if kind not in tokenizer_kinds():
-        raise CheckpointLoadError(
-            f"{path}: tokenizer['kind'] is {kind!r}, expected one of "
-            f"{', '.join(sorted(tokenizer_kinds()))}; the checkpoint was not written by "
-            "`make pretrain`"
-        )
-    try:
-        return Tokenizer.from_str(entry["json"]), kind
-    except Exception as err:  # tokenizers raises plain Exceptions for malformed JSON
-        raise CheckpointLoadError(
-            f"{path}: the stored tokenizer cannot be read ({err}); load the run's tokenizer.json "
-            "through its HF export folder instead"
-        ) from err
 
 
 def _build_model(

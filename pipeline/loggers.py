@@ -4,7 +4,7 @@ a run besides its metrics, and the wandb run that a resumed run continues.
 The `logger` config group (conf/logger/) holds one node per logger, keyed by its name;
 `logger=[csv,wandb,tensorboard]` selects several, `logger=[]` none. An entry point uses:
 
-    loggers = build_loggers(cfg, run_dir, resume_id=saved_wandb_run(checkpoint).get("id"))
+    loggers = build_loggers(cfg, run_dir, resume_id=CheckpointRecord.of(checkpoint).wandb.get("id"))
     trainer = L.Trainer(..., logger=loggers or False)
     log_run_start(trainer.loggers, cfg, parameters=..., flops_per_token=...,
                   data_fingerprint=..., tokenizer_fingerprint=tokenizer_fingerprint(tok))
@@ -14,9 +14,10 @@ The `logger` config group (conf/logger/) holds one node per logger, keyed by its
 
 Fine-tuning (pipeline/finetuning.py) makes the same calls, for any run config with a `logger`
 group and `paths`, and passes `group=` (and `project=`) from the pretraining checkpoint,
-`saved_wandb_run(checkpoint)` = {"id", "project", "group", "name"}, so that the fine-tunes of a
-checkpoint share its wandb group; `log_table(loggers, "results", columns, rows)` adds a results
-table. `job_type=` ("pretrain", "finetune") and `name=` are optional.
+`CheckpointRecord.of(checkpoint).wandb` = {"id", "project", "group", "name"}
+(pipeline/checkpoint_record.py), so that the fine-tunes of a checkpoint share its wandb group;
+`log_table(loggers, "results", columns, rows)` adds a results table. `job_type=` ("pretrain",
+"finetune") and `name=` are optional.
 
 wandb mode (`logger.wandb.mode`, see `wandb_mode`): `auto` is online when credentials exist
 (`wandb login` wrote ~/.netrc, or WANDB_API_KEY is set) and offline otherwise: the run is written
@@ -368,11 +369,3 @@ def wandb_run_record(loggers: Iterable[Logger]) -> dict[str, str] | None:
                 "name": run.name or "",
             }
     return None
-
-
-def saved_wandb_run(checkpoint: dict[str, Any] | None) -> dict[str, str]:
-    """The wandb run recorded in a checkpoint (see `wandb_run_record`), or {} when it has none."""
-    if not checkpoint:
-        return {}
-    record = checkpoint.get("wandb")
-    return dict(record) if isinstance(record, dict) else {}

@@ -25,6 +25,7 @@ from datamodules.pretrain import PretrainDataModule
 from models.hf import export_hf
 from pipeline.budget import Pace, TimeBudget, budget_seconds
 from pipeline.callbacks import Throughput, ValidateLastStep
+from pipeline.checkpoint_record import CheckpointRecord
 from pipeline.checkpoints import (
     AtomicCheckpointIO,
     CheckpointExtras,
@@ -43,7 +44,6 @@ from pipeline.loggers import (
     log_run_end,
     log_run_start,
     progress_bar,
-    saved_wandb_run,
     tokenizer_fingerprint,
 )
 from pipeline.modules import PretrainModule
@@ -184,14 +184,14 @@ def resumed_tokenizer(resumed: dict | None, cfg: DictConfig) -> Tokenizer | None
     settings are those it records (else None: the run gets its tokenizer as a fresh one would,
     and `check_compatible` names any difference). Retraining it could differ: WordPiece
     training breaks ties differently between processes, and caches may have been cleared."""
-    if resumed is None or "tokenizer" not in resumed:
+    record = CheckpointRecord.of(resumed)
+    if record.tokenizer is None:
         return None
-    saved = resumed.get("config") or {}
     ours = OmegaConf.to_container(cfg, resolve=True)
-    if any(saved.get(key) != ours.get(key) for key in ("tokenizer", "data")):
+    if any(record.config.get(key) != ours.get(key) for key in ("tokenizer", "data")):
         return None
     log.info("resuming with the tokenizer stored in the checkpoint")
-    return Tokenizer.from_str(resumed["tokenizer"]["json"])
+    return Tokenizer.from_str(record.tokenizer["json"])
 
 
 def train(cfg: DictConfig, plan: RunPlan) -> None:
@@ -203,7 +203,7 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         plan.tokenizer, plan.corpus, cfg.paths.cache_dir, may_train=launcher_rank() == 0
     )
     module, datamodule, trainer = assemble(
-        cfg, plan, tokenizer, run_dir, resume_id=saved_wandb_run(resumed).get("id")
+        cfg, plan, tokenizer, run_dir, resume_id=CheckpointRecord.of(resumed).wandb.get("id")
     )
     if resumed is not None:
         check_compatible(resumed, module.model_config, tokenizer)

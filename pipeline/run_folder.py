@@ -12,11 +12,17 @@ checks that need nothing but the command line before Hydra writes anything:
 - a resumed pretraining run (or `make glue` suite) keeps the first attempt's `.hydra/` record
   and writes its own into `.hydra/resume-<time>/`, so a resume refused later (a checkpoint that
   does not fit the config) leaves the record of the trained run in place.
+
+An attempt refused after Hydra made its folder (a checkpoint that does not exist, a config value
+that the command's own checks refuse) leaves no empty folder behind: `remove_unused_run_folder`,
+called on such an error, removes a folder this attempt created while it holds nothing but
+Hydra's record and the attempt's log.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +40,9 @@ Command = Literal["pretrain", "finetune", "glue"]
 SUITE_RECORD = "glue_suite.json"  # a `make glue` suite folder (pipeline/glue.py)
 CHECKPOINT_DIR = "checkpoints"
 RECORD_DIR = ".hydra"
+
+# The run folder this process's attempt created (set before Hydra writes into it), if any.
+_created_run_dir: Path | None = None
 
 
 def refuse_overwrite(command: Command, run_dir: Path, resume: Any = None) -> None:
@@ -88,12 +97,29 @@ class RunFolderGuard(Callback):
         except ConfigError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
+        global _created_run_dir
+        _created_run_dir = None if run_dir.exists() else run_dir
         if (self.command == "pretrain" and resumes_a_run(run_dir, config.get("resume"))) or (
             self.command == "glue" and (run_dir / SUITE_RECORD).is_file()
         ):
             stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = f"{RECORD_DIR}/resume-{stamp}"
+
+
+def remove_unused_run_folder() -> Path | None:
+    """Remove the run folder that this attempt created, if it holds only what Hydra and the
+    command write before any work (`.hydra/`, `*.log`, a suite's record); returns it if removed.
+    Called when the attempt ends on an error in the user's input."""
+    global _created_run_dir
+    run_dir, _created_run_dir = _created_run_dir, None
+    if run_dir is None or not run_dir.is_dir():
+        return None
+    for entry in run_dir.iterdir():
+        if entry.name != RECORD_DIR and entry.suffix != ".log" and entry.name != SUITE_RECORD:
+            return None  # the attempt did some work there: keep it
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return run_dir
 
 
 def first_process() -> bool:

@@ -30,19 +30,14 @@ from torch import nn
 from datamodules.tasks import LabelMap
 from models.config import BertConfig, GPTConfig
 from models.heads import DocumentClassifier, SequenceClassifier, sequence_loss
-from pipeline.checkpoints import model_config_record
+from pipeline.checkpoint_record import CheckpointLoadError, CheckpointRecord
 from pipeline.families import family_named
 from pipeline.load import (
-    FINETUNE_KEY,
-    CheckpointLoadError,
     CheckpointSource,
     Pretrained,
-    checkpoint_model_config,
-    checkpoint_tokenizer,
     load_pretrained,
     model_state,
     resolve_checkpoint,
-    trained_seq_len,
 )
 from pipeline.optim import build_optimizer
 from pipeline.task_metrics import task_metrics
@@ -207,8 +202,10 @@ class TaskModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[FINETUNE_KEY] = self.head.record()
-        checkpoint["model_config"] = model_config_record(self.model_config)
+        CheckpointRecord(
+            model_config=CheckpointRecord.describe_model(self.model_config),
+            finetune=self.head.record(),
+        ).write_into(checkpoint)
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -249,27 +246,28 @@ def load_finetuned(given: str | os.PathLike | CheckpointSource) -> Finetuned:
     source = resolve_checkpoint(given)
     if source.kind != "finetuned":
         raise CheckpointLoadError(
-            f"{source.path} is not a fine-tuned model (no {FINETUNE_KEY!r} entry): it looks like "
+            f"{source.path} is not a fine-tuned model (no 'finetune' entry): it looks like "
             "a pretrained one; fine-tune it first with `make finetune task=... ckpt=...`"
         )
-    file, checkpoint = source.path, source.contents
-    family, config = checkpoint_model_config(file, checkpoint.get("model_config"))
-    tokenizer, kind = checkpoint_tokenizer(file, checkpoint.get("tokenizer"))
+    file, record = source.path, source.record
+    family, config = record.model(file)
+    tokenizer, kind = record.tokenizer_and_kind(file)
     try:
-        head = HeadSpec.from_record(checkpoint[FINETUNE_KEY])
+        head = HeadSpec.from_record(record.finetune)
     except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointLoadError(f"{file}: damaged {FINETUNE_KEY!r} entry ({err!r})") from err
+        raise CheckpointLoadError(f"{file}: damaged 'finetune' entry ({err!r})") from err
     module = TaskModule(family_named(family).backbone_class(config), head, eval_splits=["dev"])
     try:
-        module.model.load_state_dict(model_state(checkpoint))
+        module.model.load_state_dict(model_state(source.contents))
     except RuntimeError as err:
         raise CheckpointLoadError(
             f"{file}: the weights do not fit the stored architecture "
             f"({str(err).splitlines()[0]}); the file is damaged or was edited"
         ) from err
     module.eval()
-    config = dict(checkpoint.get("config") or {})
-    return Finetuned(module, tokenizer, kind, family, file, config, trained_seq_len(checkpoint))
+    return Finetuned(
+        module, tokenizer, kind, family, file, dict(record.config), record.trained_seq_len
+    )
 
 
 def load_backbone(given: str | os.PathLike | CheckpointSource) -> Pretrained:

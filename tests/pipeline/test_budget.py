@@ -68,8 +68,24 @@ def test_paced_schedule_reaches_its_final_rate_at_the_planned_step():
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)  # after the last step
 
 
-class SlowSteps(L.Callback):
-    """Adds `seconds` to every training batch."""
+class SimulatedClock(L.Callback):
+    """A clock that both the budget and Lightning's `max_time` timer read, advanced by
+    `step_seconds(step)` at the end of each training batch: a run whose step times the test
+    decides, so that a loaded machine cannot change what it measures."""
+
+    def __init__(self, step_seconds) -> None:
+        self.now = 0.0
+        self.step_seconds = step_seconds
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        self.now += self.step_seconds(trainer.global_step)
+
+
+class SleepySteps(L.Callback):
+    """Adds `seconds` of real time to every training batch."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -78,9 +94,9 @@ class SlowSteps(L.Callback):
         time.sleep(self.seconds)
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.06], ids=["as-is", "slowed"])
-def test_a_budgeted_run_ends_its_schedule_within_the_budget(tmp_path, delay, small_docs):
-    budget = 8.0
+def budgeted_run(tmp_path, small_docs, budget: float, first_callback: L.Callback):
+    """(module, trainer, budget callback, timer) of a finished gpt-tiny run with `budget`
+    seconds, `first_callback` running before every other callback."""
     module, datamodule, trainer = tiny_run(
         tmp_path,
         small_docs,
@@ -90,18 +106,52 @@ def test_a_budgeted_run_ends_its_schedule_within_the_budget(tmp_path, delay, sma
         "objective.batch_size=4",
         "checkpoint.every_n_steps=10000",
     )
-    trainer.callbacks.append(SlowSteps(delay))
+    trainer.callbacks.insert(0, first_callback)
     trainer.fit(module, datamodule=datamodule)
     sized = next(c for c in trainer.callbacks if isinstance(c, TimeBudget))
     timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
-    # ended by its plan (not cut by the max_time backstop), within the budget
-    assert trainer.global_step == sized.pace.planned < 100_000
-    assert timer.time_elapsed("train") <= budget
-    # ... with the schedule complete: the last step ran at cosine's floor, 0.1 x the peak
-    rates = logged(tmp_path / "run", "train/lr")
+    return module, trainer, sized, timer
+
+
+def assert_schedule_complete(module, trainer, run_dir) -> None:
+    """The last step ran at cosine's floor, 0.1 x the peak, which the warmup reached."""
+    rates = logged(run_dir, "train/lr")
     assert len(rates) == trainer.global_step
     assert rates[-1] == pytest.approx(0.1 * max(rates), rel=0.02)
     assert max(rates) > 0.95 * module.trainer.optimizers[0].param_groups[0]["initial_lr"]
+
+
+@pytest.mark.parametrize(
+    "step_seconds",
+    [lambda step: 0.05, lambda step: 0.05 if step < 30 else 0.15],
+    ids=["steady", "slows-down-3x-at-step-30"],
+)
+def test_a_budgeted_run_ends_its_schedule_by_its_plan_within_the_budget(
+    tmp_path, small_docs, monkeypatch, step_seconds
+):
+    budget = 4.0
+    clock = SimulatedClock(step_seconds)
+    monkeypatch.setattr("pipeline.budget.clock", clock.monotonic)
+    monkeypatch.setattr("lightning.pytorch.callbacks.timer.time", clock)
+    module, trainer, sized, timer = budgeted_run(tmp_path, small_docs, budget, clock)
+    # ended by its plan, not cut by the max_time backstop, within the budget
+    assert trainer.global_step == sized.pace.planned < 100_000
+    assert timer.time_elapsed("train") <= budget
+    # a steady run fills the budget less its 3% margin, to one step
+    if step_seconds(0) == step_seconds(10_000):
+        assert trainer.global_step == int(0.97 * budget / 0.05)
+    assert_schedule_complete(module, trainer, tmp_path / "run")
+
+
+def test_a_run_slowed_by_real_sleeps_still_ends_its_schedule_within_the_budget(
+    tmp_path, small_docs
+):
+    budget = 6.0
+    module, trainer, sized, timer = budgeted_run(tmp_path, small_docs, budget, SleepySteps(0.06))
+    assert timer.time_elapsed("train") <= budget
+    # the plan ends it; on a loaded machine the max_time backstop may cut its last step
+    assert sized.pace.planned - 1 <= trainer.global_step <= sized.pace.planned < 100_000
+    assert_schedule_complete(module, trainer, tmp_path / "run")
 
 
 @pytest.mark.parametrize(
@@ -132,12 +182,14 @@ class FakeRun:
             fit_loop=SimpleNamespace(epoch_loop=self.loop),
             strategy=SimpleNamespace(broadcast=lambda value, src: value),
             is_global_zero=True,
+            sanity_checking=False,
         )
         self.budget = TimeBudget(budget_s, Pace(max_steps))
         self.module = SimpleNamespace(log=lambda *args, **kwargs: None)
 
-    def run(self, step_seconds) -> int:
-        """Steps until the planned end; `step_seconds(step)` is step `step`'s duration."""
+    def run(self, step_seconds, validation_seconds=lambda step: 0.0) -> int:
+        """Steps until the planned end; `step_seconds(step)` is step `step`'s duration, and
+        `validation_seconds(step)` that of the validation after it (none if 0)."""
         import pipeline.budget as budget_module
 
         budget_module.clock = lambda: self.now
@@ -147,6 +199,10 @@ class FakeRun:
                 self.now += step_seconds(self.trainer.global_step + 1)
                 self.trainer.global_step += 1
                 self.budget.on_train_batch_end(self.trainer, self.module, None, None, 0)
+                if validation_seconds(self.trainer.global_step):
+                    self.budget.on_validation_start(self.trainer, self.module)
+                    self.now += validation_seconds(self.trainer.global_step)
+                    self.budget.on_validation_end(self.trainer, self.module)
         finally:
             budget_module.clock = time.monotonic
         return self.trainer.global_step
@@ -156,9 +212,19 @@ def test_a_validation_does_not_shrink_the_plan_and_each_fraction_decides_once():
     # 1 s steps, with a 20 s validation every 100 steps: 1.2 s per step in all, so a 600 s
     # budget less its 3% margin holds about 485 steps
     fake = FakeRun(600)
-    steps = fake.run(lambda step: 1.0 + (20.0 if step % 100 == 0 else 0.0))
+    steps = fake.run(lambda step: 1.0, lambda step: 20.0 if step % 100 == 0 else 0.0)
     assert 460 <= steps <= 500 and fake.now <= 600
     assert fake.budget.decisions <= 1 + len(TimeBudget.REPLAN_AT)
+
+
+@pytest.mark.parametrize("slower", [2.0, 3.0])
+def test_a_machine_that_slows_down_mid_run_is_seen_at_the_next_decision(slower):
+    # another job starts a third of the way in and each step takes `slower` times as long:
+    # the run still ends by its plan within the budget, having used most of it
+    fake = FakeRun(600)
+    steps = fake.run(lambda step: 1.0 if step <= 200 else slower)
+    assert fake.now <= 600 and fake.now > 0.9 * 600
+    assert steps == fake.budget.pace.planned
 
 
 def test_the_plan_grows_back_when_steps_speed_up_and_max_steps_caps_it():

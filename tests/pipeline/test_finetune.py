@@ -358,6 +358,22 @@ def test_missing_ckpt_and_bad_task_settings_are_one_line_errors(tmp_path):
         tmp_path=tmp_path,
     )
     assert result.returncode == 2 and "task.long_text.aggregate='median'" in result.stderr
+    # neither refused attempt left its run folder behind
+    assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []
+
+
+def test_a_refused_glue_suite_leaves_no_folder_and_keeps_one_that_holds_work(tmp_path):
+    out = f"paths.output_root={tmp_path / 'out'}"
+    missing = ("pipeline.commands.glue", "ckpt=nope", out)
+    result = run_cli(*missing, "run_name=fresh", tmp_path=tmp_path)
+    assert result.returncode == 2 and "ckpt='nope' does not exist" in result.stderr
+    assert not (tmp_path / "out" / "glue" / "fresh").exists()
+    kept = tmp_path / "out" / "glue" / "kept"
+    (kept / "sst2").mkdir(parents=True)
+    (kept / "sst2" / "results.json").write_text("{}")  # a finished run of an earlier attempt
+    result = run_cli(*missing, "run_name=kept", tmp_path=tmp_path)
+    assert result.returncode == 2
+    assert (kept / "sst2" / "results.json").read_text() == "{}"
 
 
 def test_default_lr_follows_model_width(bert_ckpt):

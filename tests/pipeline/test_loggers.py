@@ -30,7 +30,6 @@ from pipeline.loggers import (
     git_state,
     log_run_end,
     log_run_start,
-    saved_wandb_run,
     wandb_mode,
 )
 from tests.conftest import CLI_ENV, REPO, compose_pretrain, run_pretrain
@@ -209,12 +208,6 @@ def test_run_facts_and_final_values_go_to_the_loggers_on_rank_zero_only(tmp_path
     assert saved["trainer"]["max_steps"] == 7  # the resolved config
     assert saved["run"]["parameters"] == 5 and saved["run"]["data_fingerprint"] == "abc"
     assert saved["hf_export"] == str(tmp_path / "hf")
-
-
-def test_saved_wandb_run_of_a_checkpoint_without_one():
-    assert saved_wandb_run(None) == {}
-    assert saved_wandb_run({"state_dict": {}}) == {}
-    assert saved_wandb_run({"wandb": {"id": "x1"}}) == {"id": "x1"}
 
 
 # a tiny run with wandb offline -----------------------------------------------------------------

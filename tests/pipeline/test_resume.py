@@ -14,11 +14,8 @@ import pytest
 import torch
 
 from models.config import BertConfig
-from pipeline.checkpoints import (
-    check_compatible,
-    model_config_record,
-    newest_checkpoint,
-)
+from pipeline.checkpoint_record import CheckpointRecord
+from pipeline.checkpoints import check_compatible, newest_checkpoint
 from pipeline.load import CheckpointLoadError
 from tests.conftest import CLI_ENV, REPO, ListCorpus, pretrain_command, run_pretrain
 from tests.pipeline.test_probe import probe_overrides, probe_steps, write_probe_tasks
@@ -308,7 +305,7 @@ def test_newest_checkpoint_skips_a_damaged_file(tmp_path):
 
 def test_check_compatible_lists_every_mismatched_field(small_docs, tmp_path):
     config = BertConfig.from_preset("tiny", vocab_size=1000)
-    saved = {"model_config": model_config_record(config)}
+    saved = {"model_config": CheckpointRecord.describe_model(config)}
     tokenizer = get_tokenizer(
         TokenizerSpec(kind="wordpiece", vocab_size=500), ListCorpus(small_docs), tmp_path
     )
