@@ -132,6 +132,29 @@ def test_size_presets_have_published_shapes():
     assert small.n_layers * small.d_model <= 4 * 256  # the CPU default stays small
 
 
+# Each model config group's option and the named shape (models/config.py PRESETS) it spells out
+# field by field, so that Hydra shows and overrides every field.
+PRESET_OF_OPTION = {
+    "bert": "mini",
+    "bert-tiny": "tiny",
+    "bert-base": "base",
+    "bert-large": "large",
+    "gpt": "mini",
+    "gpt-tiny": "tiny",
+    "gpt-124m": "124m",
+    "gpt-1b": "1b",
+}
+
+
+def test_every_model_option_is_its_named_preset_and_every_option_is_listed():
+    assert sorted(PRESET_OF_OPTION) == sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+    for option, preset in PRESET_OF_OPTION.items():
+        built = check_config(compose_pretrain(f"model={option}")).model
+        named = type(built).from_preset(preset, vocab_size=built.vocab_size)
+        for field in (*type(built).PRESETS[preset], "d_ff"):
+            assert getattr(built, field) == getattr(named, field), (option, field)
+
+
 def test_default_is_bert_on_the_embedded_corpus():
     plan = check_config(compose_pretrain())
     assert plan.family == "bert" and isinstance(plan.corpus, EmbeddedCorpus)

@@ -44,6 +44,7 @@ class ToyConfig:
     n_heads: int = 1
     n_kv_heads: int = 1
     d_ff: int = 16
+    ffn_multiple_of: int = 64
     rope_theta: float = 1e4
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
