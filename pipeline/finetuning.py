@@ -158,11 +158,15 @@ def head_spec(cfg: DictConfig, task: TaskSpec, label_map: LabelMap) -> HeadSpec:
 # --- make finetune -------------------------------------------------------------------------------
 
 
-def finetune(cfg: DictConfig, source: CheckpointSource | None = None) -> FinetuneResults:
+def finetune(
+    cfg: DictConfig, source: CheckpointSource | None = None, *, announce: bool = True
+) -> FinetuneResults:
     """Train on the task, evaluate, write results.json; returns the results.
 
     `source`: `cfg.ckpt` already read (`resolve_checkpoint`), for a caller that fine-tunes
-    the same checkpoint many times (`make glue`); None reads it here."""
+    the same checkpoint many times (`make glue`); None reads it here. `announce`: print what
+    is fine-tuned before, and the best scores, files and next commands after (a caller that
+    runs many, `make glue`, prints one line of its own per run instead)."""
     if cfg.get("ckpt") is None:
         raise ConfigError(
             "ckpt is not set: give the pretrained model, e.g. ckpt=outputs/bert/<run> (a run "
@@ -241,6 +245,7 @@ def finetune(cfg: DictConfig, source: CheckpointSource | None = None) -> Finetun
             tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
             task=task.name,
         )
+    if trainer.is_global_zero and announce:
         origin = f"random init ({family} as in {cfg.ckpt})" if cfg.from_scratch else cfg.ckpt
         print(
             f"fine-tuning {family} ({origin}) on {task.name}: "
@@ -283,7 +288,8 @@ def finetune(cfg: DictConfig, source: CheckpointSource | None = None) -> Finetun
         columns = ["task", "split", "metric", "value", "seed", "lr", "init"]
         log_table(trainer.loggers, "results", columns, rows)
         tracking = log_run_end(trainer.loggers, results=str(run_dir / RESULTS))
-        print_finetune_summary(results, run_dir, tracking)
+        if announce:
+            print_finetune_summary(results, run_dir, tracking)
     return results
 
 

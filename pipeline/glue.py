@@ -252,7 +252,13 @@ def run_suite(
             log.warning("%s was not finished; moved to %s and run again", job_dir, aside)
         elapsed = time.monotonic() - started
         print(f"\n[{number}/{len(jobs)}] {job.task}, {job.init}, seed {job.seed} ({elapsed:.0f} s)")
-        finetune(job_cfg, source=source)
+        results = finetune(job_cfg, source=source, announce=False)
+        score = results.main_score()
+        print(
+            f"  {results.main_split} {results.main_metric} "
+            f"{'n/a' if score is None else f'{score:.4f}'} (best at epoch {results.best.epoch}); "
+            f"{job_dir}"
+        )
     summary = summarize_suite(folder)
     summary.write(folder)
     return summary

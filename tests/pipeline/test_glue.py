@@ -168,6 +168,11 @@ def test_suite_table_pairs_the_seeds_of_both_inits(suite):
         line = next(line for line in table.splitlines() if line.startswith(f"| {row['task']} |"))
         assert ("BELOW BASELINE" in line.split("|")[4]) == below
     assert "| average | GLUE score |" in stdout
+    # one line per run with its score, not each fine-tune's own summary and next commands
+    sst2 = results_of(folder, "sst2", "pretrained")[1]
+    line = f"  dev accuracy {sst2.main_score():.4f} (best at epoch {sst2.best.epoch}); "
+    assert f"{line}{folder / 'sst2' / 'pretrained-seed1'}\n" in stdout
+    assert "next: make evaluate" not in stdout and "fine-tuning bert" not in stdout
 
 
 @needs_glue
