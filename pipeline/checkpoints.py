@@ -39,7 +39,7 @@ from pipeline.lightning_compat import (
     set_logging_step,
     step_boundary,
 )
-from pipeline.load import read_checkpoint
+from pipeline.load import CheckpointSource, read_checkpoint
 from pipeline.loggers import wandb_run_record
 from pipeline.run_folder import CHECKPOINT_DIR, refuse_overwrite
 from tokenizer import atomic_path
@@ -48,11 +48,25 @@ log = logging.getLogger(__name__)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes each checkpoint to a temporary file, fsyncs it, then renames it into place."""
+    """Writes each checkpoint to a temporary file, fsyncs it, then renames it into place.
+
+    `already_read`: a checkpoint the command has read (the one a run resumes from); Lightning's
+    request to load that file gets those contents, once, instead of a second read."""
+
+    def __init__(self, already_read: CheckpointSource | None = None) -> None:
+        super().__init__()
+        self.already_read = already_read
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         with atomic_path(path) as tmp:
             torch.save(checkpoint, tmp)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict[str, Any]:
+        read, self.already_read = self.already_read, None
+        if read is not None and read.contents is not None and Path(path) == read.path:
+            return read.contents
+        where = {} if map_location is None else {"map_location": map_location}
+        return super().load_checkpoint(path, weights_only=weights_only, **where)
 
 
 class StepCheckpoint(ModelCheckpoint):
@@ -277,8 +291,9 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
-def newest_checkpoint(run_dir: Path, *, set_aside_damaged: bool = False) -> Path | None:
-    """The checkpoint of a run folder with the highest global step, or None when it has none.
+def newest_checkpoint(run_dir: Path, *, set_aside_damaged: bool = False) -> CheckpointSource | None:
+    """The checkpoint of a run folder with the highest global step, read (its contents are
+    kept, so that nothing reads it again), or None when it has none.
 
     Of equal steps, a periodic `stepNNNNNNN.ckpt` comes first: `last.ckpt` holds the same state
     but is overwritten as the resumed run goes on (the path a run prints as resumed from must
@@ -290,9 +305,11 @@ def newest_checkpoint(run_dir: Path, *, set_aside_damaged: bool = False) -> Path
     so that the run's next `last.ckpt` takes its place instead of a `last-v1.ckpt` beside it.
     """
     ranked = []
+    contents = {}
     for path in (run_dir / CHECKPOINT_DIR).glob("*.ckpt"):
         try:
-            step = int(read_checkpoint(path).get("global_step", -1))
+            contents[path] = read_checkpoint(path)
+            step = int(contents[path].get("global_step", -1))
         except CheckpointLoadError as err:
             # a file whose bytes are bad, not one the system failed to read (EIO, NFS)
             if set_aside_damaged and not isinstance(err.__cause__, OSError):
@@ -301,7 +318,10 @@ def newest_checkpoint(run_dir: Path, *, set_aside_damaged: bool = False) -> Path
             continue
         kind = 0 if path.name.startswith("best-") else 1 if path.name == "last.ckpt" else 2
         ranked.append((step, kind, path.stat().st_mtime, path))
-    return max(ranked)[-1] if ranked else None
+    if not ranked:
+        return None
+    newest = max(ranked)[-1]
+    return CheckpointSource(newest, contents[newest])
 
 
 def set_aside(path: Path) -> Path:
@@ -318,8 +338,8 @@ def set_aside(path: Path) -> Path:
 
 def resume_checkpoint(
     resume: str | None, run_dir: Path, *, first_process: bool = True
-) -> Path | None:
-    """The checkpoint to resume from.
+) -> CheckpointSource | None:
+    """The checkpoint to resume from, read.
 
     Args:
         resume: None (start fresh; refused when the run folder already has checkpoints, which
@@ -356,7 +376,7 @@ def resume_checkpoint(
             f"resume={resume}: no such checkpoint file or run folder; use resume=auto, a "
             "*.ckpt file or a run folder"
         )
-    return path
+    return CheckpointSource(path, read_checkpoint(path))
 
 
 def check_compatible(

@@ -38,7 +38,7 @@ from pipeline.config import ConfigError, RunPlan
 from pipeline.families import family_named
 from pipeline.finetuning import task_from
 from pipeline.interrupt import GracefulStop
-from pipeline.load import load_pretrained, read_checkpoint
+from pipeline.load import CheckpointSource, load_pretrained
 from pipeline.loggers import (
     build_loggers,
     log_run_end,
@@ -69,10 +69,13 @@ def build_trainer(
     *,
     budget: TimeBudget | None = None,
     probe: Probe | None = None,
-    resume_id: str | None = None,
+    resumed: CheckpointSource | None = None,
 ) -> L.Trainer:
     """The Trainer of a run; `budget`: the callback that sizes a run with a time budget;
-    `probe`: downstream probes; `resume_id`: the wandb run to continue (pipeline/loggers.py)."""
+    `probe`: downstream probes; `resumed`: the checkpoint the run resumes from, already read
+    (Lightning gets its contents instead of reading the file again; its wandb run is
+    continued, pipeline/loggers.py)."""
+    resume_id = resumed.record.wandb.get("id") if resumed is not None else None
     accumulate = cfg.trainer.accumulate_grad_batches
     # optimizer steps -> the micro-batches Lightning counts
     val_every = cfg.trainer.val_check_interval * accumulate
@@ -97,7 +100,7 @@ def build_trainer(
             *progress_bar(cfg.trainer),
             *checkpoint_callbacks(run_dir, **cfg.checkpoint),
         ],
-        plugins=[AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO(already_read=resumed)],
     )
 
 
@@ -130,10 +133,10 @@ def assemble(
     tokenizer: Tokenizer,
     run_dir: Path,
     *,
-    resume_id: str | None = None,
+    resumed: CheckpointSource | None = None,
 ) -> tuple[PretrainModule, PretrainDataModule, L.Trainer]:
     """The LightningModule, datamodule and Trainer of a run, as the config describes them
-    (`resume_id`: the wandb run that a resumed run continues)."""
+    (`resumed`: the checkpoint a resumed run continues, already read)."""
     model_config = sized_model_config(plan, tokenizer)
     datamodule = build_datamodule(cfg, plan, tokenizer)
     # a run with a time budget paces its schedule by the steps the budget holds
@@ -155,7 +158,7 @@ def assemble(
     )
     budget = TimeBudget(seconds, pace) if pace is not None else None
     probe = build_probe(cfg.get("probe"), tokenizer, plan)
-    trainer = build_trainer(cfg, run_dir, extras, budget=budget, probe=probe, resume_id=resume_id)
+    trainer = build_trainer(cfg, run_dir, extras, budget=budget, probe=probe, resumed=resumed)
     return module, datamodule, trainer
 
 
@@ -179,12 +182,12 @@ def build_probe(node: DictConfig | None, tokenizer: Tokenizer, plan: RunPlan) ->
         raise ConfigError(f"probe: {err}; or run without probes (probe=null)") from err
 
 
-def resumed_tokenizer(resumed: dict | None, cfg: DictConfig) -> Tokenizer | None:
+def resumed_tokenizer(resumed: CheckpointSource | None, cfg: DictConfig) -> Tokenizer | None:
     """The tokenizer a resumed checkpoint was trained with, when this run's tokenizer and data
     settings are those it records (else None: the run gets its tokenizer as a fresh one would,
     and `check_compatible` names any difference). Retraining it could differ: WordPiece
     training breaks ties differently between processes, and caches may have been cleared."""
-    record = CheckpointRecord.of(resumed)
+    record = CheckpointRecord.of(resumed.contents if resumed is not None else None)
     if record.tokenizer is None:
         return None
     ours = OmegaConf.to_container(cfg, resolve=True)
@@ -197,16 +200,15 @@ def resumed_tokenizer(resumed: dict | None, cfg: DictConfig) -> Tokenizer | None
 def train(cfg: DictConfig, plan: RunPlan) -> None:
     L.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.paths.output_dir)
-    resume_from = resume_checkpoint(cfg.resume, run_dir, first_process=first_process())
-    resumed = read_checkpoint(resume_from) if resume_from is not None else None
+    # read once: the compatibility checks below and Lightning's restore share its contents
+    resumed = resume_checkpoint(cfg.resume, run_dir, first_process=first_process())
+    resume_from = resumed.path if resumed is not None else None
     tokenizer = resumed_tokenizer(resumed, cfg) or get_tokenizer(
         plan.tokenizer, plan.corpus, cfg.paths.cache_dir, may_train=launcher_rank() == 0
     )
-    module, datamodule, trainer = assemble(
-        cfg, plan, tokenizer, run_dir, resume_id=CheckpointRecord.of(resumed).wandb.get("id")
-    )
+    module, datamodule, trainer = assemble(cfg, plan, tokenizer, run_dir, resumed=resumed)
     if resumed is not None:
-        check_compatible(resumed, module.model_config, tokenizer)
+        check_compatible(resumed.contents, module.model_config, tokenizer)
     if trainer.is_global_zero:
         tokenizer.save(str(run_dir / "tokenizer.json"))
         log_run_start(

@@ -16,8 +16,17 @@ import torch
 from models.config import BertConfig
 from pipeline.checkpoint_record import CheckpointRecord
 from pipeline.checkpoints import check_compatible, newest_checkpoint
+from pipeline.config import check_config
 from pipeline.load import CheckpointLoadError
-from tests.conftest import CLI_ENV, REPO, ListCorpus, pretrain_command, run_pretrain
+from pipeline.pretraining import train
+from tests.conftest import (
+    CLI_ENV,
+    REPO,
+    ListCorpus,
+    compose_pretrain,
+    pretrain_command,
+    run_pretrain,
+)
 from tests.pipeline.test_probe import probe_overrides, probe_steps, write_probe_tasks
 from tokenizer import TokenizerSpec, get_tokenizer
 
@@ -299,7 +308,7 @@ def test_newest_checkpoint_skips_a_damaged_file(tmp_path):
     torch.save({"state_dict": {}, "global_step": 3}, older)
     damaged = directory / "step0000010.ckpt"
     damaged.write_bytes(b"not a checkpoint")
-    assert newest_checkpoint(tmp_path) == good
+    assert newest_checkpoint(tmp_path).path == good
     assert newest_checkpoint(tmp_path / "elsewhere") is None
 
 
@@ -315,6 +324,45 @@ def test_check_compatible_lists_every_mismatched_field(small_docs, tmp_path):
         check_compatible(saved, other, tokenizer)
     assert "model.n_layers: checkpoint 2, this run 3" in str(err.value)
     assert "model.d_ff: checkpoint 512, this run 256" in str(err.value)
+
+
+def test_a_resumed_run_reads_the_checkpoint_it_resumes_from_once(tmp_path, monkeypatch):
+    """Choosing the newest checkpoint (resume=auto), checking it against the config and
+    Lightning's restore share one read of it."""
+
+    def config(*overrides: str):
+        cfg = compose_pretrain(
+            "model=bert-tiny",
+            "debug=smoke",
+            "trainer.accelerator=cpu",
+            "trainer.val_check_interval=2",
+            "checkpoint.every_n_steps=2",
+            "logger=csv",
+            "+trainer.enable_progress_bar=false",
+            f"paths.cache_dir={tmp_path / 'cache'}",
+            *overrides,
+        )
+        cfg.paths.output_dir = str(tmp_path / "run")
+        return cfg
+
+    first = config("trainer.max_steps=4")
+    (tmp_path / "run").mkdir()  # as Hydra makes it
+    train(first, check_config(first))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    before = {p.resolve() for p in checkpoints.glob("*.ckpt")}
+    reads: list[Path] = []
+    real_load = torch.load
+
+    def counting_load(f, *args, **kwargs):
+        reads.append(Path(f).resolve())
+        return real_load(f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counting_load)
+    again = config("trainer.max_steps=6", "resume=auto")
+    train(again, check_config(again))
+    assert (tmp_path / "run" / "checkpoints" / "step0000006.ckpt").is_file()  # it did resume
+    resumed = (checkpoints / "step0000004.ckpt").resolve()
+    assert resumed in before and reads.count(resumed) == 1, reads
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:
