@@ -182,7 +182,6 @@ class GPTConfig(_Presets):
             n_heads=32,
             n_kv_heads=8,
             d_ff=8192,
-            ffn_multiple_of=256,
             max_seq_len=2048,
             rope_theta=500000.0,
             vocab_size=32000,

@@ -5,10 +5,11 @@ bound.
 How: the schedule is built for `trainer.max_steps` schedule steps, and a `Pace` maps the run's
 optimizer steps onto them. `TimeBudget` times the steps and plans how many the budget holds
 (deciding a bounded number of times: after a few calibration steps, then each time another
-tenth of the budget has passed, and at 95%). Each decision prices a step as the training steps
+tenth of the budget has passed, and at 95%). Each decision prices a step as what the steps
 since the previous decision took (so a machine that slows down, say when another job starts, is
-seen at the next decision), plus this process's validation time so far spread over its steps
-(so a validation neither sways one decision nor goes uncounted). At each decision the pace is re-aimed so that the planned
+seen at the next decision), plus the time this process spent between steps so far (validations,
+checkpoints, probes, fetching batches) spread over all its steps (so a validation or a save
+neither sways one decision nor goes uncounted). At each decision the pace is re-aimed so that the planned
 last step lands on the schedule's last step, continuing from where the schedule is (the learning
 rate never jumps), and Lightning is told to stop there.
 
@@ -151,12 +152,13 @@ class TimeBudget(L.Callback):
         self.seconds_per_step: float | None = None
         self.elapsed = 0.0  # budget used up to the last step boundary
         self._attempt: tuple[float, float] | None = None  # (clock at start, elapsed at start)
-        # What this process measured: the (step, clock, validation seconds) the next price
-        # is taken from, the step its validations are spread over from, and their seconds.
+        # What this process measured: the (step, clock, seconds between steps) the next
+        # price is taken from, the step the time between steps is spread over from, that
+        # time, and when the current stretch between steps began.
         self._window: tuple[int, float, float] | None = None
         self._first_timed_step = 0
-        self._validation_seconds = 0.0
-        self._validation_started: float | None = None
+        self._between_steps = 0.0
+        self._left_step_at: float | None = None
 
     @property
     def state_key(self) -> str:
@@ -183,18 +185,15 @@ class TimeBudget(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._attempt = (clock(), self.elapsed)
         self._window = None
-        self._validation_seconds = 0.0
+        self._between_steps = 0.0
+        self._left_step_at = None
         if self.pace.planned < self.pace.schedule_steps:  # resumed: the plan made so far holds
             set_max_steps(trainer, self.pace.planned)
 
-    def on_validation_start(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking:
-            self._validation_started = clock()
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if self._validation_started is not None:
-            self._validation_seconds += clock() - self._validation_started
-            self._validation_started = None
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._left_step_at is not None:
+            self._between_steps += clock() - self._left_step_at
+            self._left_step_at = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not step_boundary(trainer):
@@ -204,14 +203,19 @@ class TimeBudget(L.Callback):
         started, elapsed_before = self._attempt
         self.elapsed = elapsed_before + (now - started)
         if self._window is None:  # from the end of this process's first step
-            self._window = (step, now, self._validation_seconds)
+            self._window = (step, now, self._between_steps)
             self._first_timed_step = step
-        if step != self.next_decision:
-            return
+        if step == self.next_decision:
+            self._decide(trainer, pl_module, step, now)
+        # Lightning's later hooks of this step (checkpoint saves, probes), a validation and
+        # the next batch's fetch come before the next step starts.
+        self._left_step_at = now
+
+    def _decide(self, trainer, pl_module, step: int, now: float) -> None:
         rate = self._price_step(step, now)
         if rate is not None:
             self.seconds_per_step = rate
-        self._window = (step, now, self._validation_seconds)
+        self._window = (step, now, self._between_steps)
         planned, next_decision, self.aimed_at = trainer.strategy.broadcast(self._plan(step), src=0)
         self.pace.replan(step, planned)
         set_max_steps(trainer, planned)
@@ -228,15 +232,15 @@ class TimeBudget(L.Callback):
             )
 
     def _price_step(self, step: int, now: float) -> float | None:
-        """Seconds per step from what this process measured: the training steps since the
-        window opened, plus the validations so far spread over every step timed; None when
-        no step was timed yet (resumed right at a decision)."""
-        window_step, window_clock, window_validation = self._window
+        """Seconds per step from what this process measured: the steps since the window
+        opened, plus all the time between steps so far spread over every step timed; None
+        when no step was timed yet (resumed right at a decision)."""
+        window_step, window_clock, window_between = self._window
         if step <= window_step:
             return None
-        validation_in_window = self._validation_seconds - window_validation
-        training = (now - window_clock - validation_in_window) / (step - window_step)
-        return training + self._validation_seconds / (step - self._first_timed_step)
+        between_in_window = self._between_steps - window_between
+        in_steps = (now - window_clock - between_in_window) / (step - window_step)
+        return in_steps + self._between_steps / (step - self._first_timed_step)
 
     def _plan(self, step: int) -> tuple[int, int, float]:
         """(the planned last step, at most `trainer.max_steps`; the step of the next decision,

@@ -51,7 +51,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file, fsyncs it, then renames it into place.
 
     `already_read`: a checkpoint the command has read (the one a run resumes from); Lightning's
-    request to load that file gets those contents, once, instead of a second read."""
+    request to load that file gets those contents, once, instead of a second read. (FSDP's
+    strategy reads a checkpoint itself, without asking this class: there it is read twice.)"""
 
     def __init__(self, already_read: CheckpointSource | None = None) -> None:
         super().__init__()

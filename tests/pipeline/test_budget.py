@@ -187,32 +187,39 @@ class FakeRun:
         self.budget = TimeBudget(budget_s, Pace(max_steps))
         self.module = SimpleNamespace(log=lambda *args, **kwargs: None)
 
-    def run(self, step_seconds, validation_seconds=lambda step: 0.0) -> int:
+    def run(self, step_seconds, between_seconds=lambda step: 0.0) -> int:
         """Steps until the planned end; `step_seconds(step)` is step `step`'s duration, and
-        `validation_seconds(step)` that of the validation after it (none if 0)."""
+        `between_seconds(step)` the time after it before the next step (a validation, a
+        checkpoint save)."""
         import pipeline.budget as budget_module
 
         budget_module.clock = lambda: self.now
         try:
             self.budget.on_train_start(self.trainer, self.module)
             while self.trainer.global_step < self.loop.max_steps:
+                self.budget.on_train_batch_start(self.trainer, self.module, None, 0)
                 self.now += step_seconds(self.trainer.global_step + 1)
                 self.trainer.global_step += 1
                 self.budget.on_train_batch_end(self.trainer, self.module, None, None, 0)
-                if validation_seconds(self.trainer.global_step):
-                    self.budget.on_validation_start(self.trainer, self.module)
-                    self.now += validation_seconds(self.trainer.global_step)
-                    self.budget.on_validation_end(self.trainer, self.module)
+                self.now += between_seconds(self.trainer.global_step)
         finally:
             budget_module.clock = time.monotonic
         return self.trainer.global_step
 
 
-def test_a_validation_does_not_shrink_the_plan_and_each_fraction_decides_once():
-    # 1 s steps, with a 20 s validation every 100 steps: 1.2 s per step in all, so a 600 s
-    # budget less its 3% margin holds about 485 steps
+@pytest.mark.parametrize(
+    "between",
+    [
+        lambda step: 20.0 if step % 100 == 0 else 0.0,  # a validation every 100 steps
+        lambda step: 10.0 if step % 50 == 0 else 0.0,  # a checkpoint save every 50
+    ],
+    ids=["validations", "checkpoint-saves"],
+)
+def test_time_between_steps_does_not_sway_the_plan_and_each_fraction_decides_once(between):
+    # 1 s steps, with 20 s between steps every 100 of them (or 10 s every 50): 1.2 s per step
+    # in all, so a 600 s budget less its 3% margin holds about 485 steps
     fake = FakeRun(600)
-    steps = fake.run(lambda step: 1.0, lambda step: 20.0 if step % 100 == 0 else 0.0)
+    steps = fake.run(lambda step: 1.0, between)
     assert 460 <= steps <= 500 and fake.now <= 600
     assert fake.budget.decisions <= 1 + len(TimeBudget.REPLAN_AT)
 

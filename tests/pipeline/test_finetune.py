@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from datamodules.tasks import load_labels
+from pipeline import run_folder
 from pipeline.config import ConfigError
 from pipeline.finetuning import default_lr, evaluate, finetune, predict, split_metrics
 from pipeline.load import CheckpointLoadError
@@ -374,6 +375,26 @@ def test_a_refused_glue_suite_leaves_no_folder_and_keeps_one_that_holds_work(tmp
     result = run_cli(*missing, "run_name=kept", tmp_path=tmp_path)
     assert result.returncode == 2
     assert (kept / "sst2" / "results.json").read_text() == "{}"
+
+
+def test_a_folder_this_attempt_created_is_removed_only_while_it_holds_no_work(
+    tmp_path, monkeypatch
+):
+    for made, removed in (
+        ([".hydra/config.yaml", "finetune.log"], True),
+        (
+            [".hydra/config.yaml", "finetune.log", "checkpoints/last.ckpt"],
+            False,
+        ),
+    ):
+        run_dir = tmp_path / f"run-{removed}"
+        for name in made:
+            (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            (run_dir / name).write_text("x")
+        monkeypatch.setattr(run_folder, "_created_run_dir", run_dir)
+        assert (run_folder.remove_unused_run_folder() == run_dir) == removed
+        assert run_dir.exists() != removed
+        assert run_folder.remove_unused_run_folder() is None  # forgotten once handled
 
 
 def test_default_lr_follows_model_width(bert_ckpt):
