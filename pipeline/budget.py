@@ -9,9 +9,9 @@ tenth of the budget has passed, and at 95%). Each decision prices a step as what
 since the previous decision took (so a machine that slows down, say when another job starts, is
 seen at the next decision), plus the time this process spent between steps so far (validations,
 checkpoints, probes, fetching batches) spread over all its steps (so a validation or a save
-neither sways one decision nor goes uncounted). At each decision the pace is re-aimed so that the planned
-last step lands on the schedule's last step, continuing from where the schedule is (the learning
-rate never jumps), and Lightning is told to stop there.
+neither sways one decision nor goes uncounted). At each decision the pace is re-aimed so that
+the planned last step lands on the schedule's last step, continuing from where the schedule is
+(the learning rate never jumps), and Lightning is told to stop there.
 
 Every decision and the elapsed time are saved in the checkpoint, so a resumed run follows the
 plan the run had made at that step (exact resume); later decisions time the resumed process.

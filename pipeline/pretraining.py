@@ -25,7 +25,6 @@ from datamodules.pretrain import PretrainDataModule
 from models.hf import export_hf
 from pipeline.budget import Pace, TimeBudget, budget_seconds
 from pipeline.callbacks import Throughput, ValidateLastStep
-from pipeline.checkpoint_record import CheckpointRecord
 from pipeline.checkpoints import (
     AtomicCheckpointIO,
     CheckpointExtras,
@@ -187,8 +186,8 @@ def resumed_tokenizer(resumed: CheckpointSource | None, cfg: DictConfig) -> Toke
     settings are those it records (else None: the run gets its tokenizer as a fresh one would,
     and `check_compatible` names any difference). Retraining it could differ: WordPiece
     training breaks ties differently between processes, and caches may have been cleared."""
-    record = CheckpointRecord.of(resumed.contents if resumed is not None else None)
-    if record.tokenizer is None:
+    record = resumed.record if resumed is not None else None
+    if record is None or record.tokenizer is None:
         return None
     ours = OmegaConf.to_container(cfg, resolve=True)
     if any(record.config.get(key) != ours.get(key) for key in ("tokenizer", "data")):
