@@ -87,9 +87,9 @@ def load_corpus(choice: str):
     return TextFilesCorpus(str(path), doc_split="wikitext"), path.name
 
 
-def bench_store(corpus, docs: list[str], tokenizer, kind: str, objective, reps: int) -> dict:
+def bench_store(corpus, docs: list[str], tokenizer, objective, reps: int) -> dict:
     """Median MB/s of raw encode_batch, encode_batch_fast and the store build, interleaved."""
-    settings = store_settings(objective, tokenizer, kind)
+    settings = store_settings(objective, tokenizer)
     megabytes = sum(len(d.encode()) for d in docs) / 1e6
     fingerprint = corpus.fingerprint()
     rates: dict[str, list[float]] = {"encode_batch": [], "encode_batch_fast": [], "store": []}
@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for name, (kind, objective) in SIZES[args.size].items():
         tokenizer = train_tokenizer(kind, batched(docs[: max(50, len(docs) // 3)]), args.vocab_size)
-        row = {"store": bench_store(corpus, docs, tokenizer, kind, objective, args.reps)}
-        dm = PretrainDataModule(corpus, tokenizer, kind, objective, cache.name, val_fraction=0.0)
+        row = {"store": bench_store(corpus, docs, tokenizer, objective, args.reps)}
+        dm = PretrainDataModule(corpus, tokenizer, objective, cache.name, val_fraction=0.0)
         dm.setup("fit")
         row["loader"] = [bench_loader(dm, workers, args.batches) for workers in (0, 2)]
         dm.num_workers = 0

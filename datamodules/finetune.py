@@ -50,22 +50,22 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from datamodules.long_text import chunk_document, sample_chunks, truncate
 from datamodules.task_files import Example, read_examples, task_examples
 from datamodules.tasks import LabelMap, TaskDataError, TaskSpec, build_label_map
-from tokenizer import special_ids
+from tokenizer import special_ids, tokenizer_kind
 from tokenizer.build import add_bert_template
 from tokenizer.special import EOT
 
 log = logging.getLogger(__name__)
 
 
-def task_tokenizer(tokenizer: Tokenizer, kind: str, max_seq_len: int) -> Tokenizer:
+def task_tokenizer(tokenizer: Tokenizer, max_seq_len: int) -> Tokenizer:
     """A copy of `tokenizer` that adds the task template and truncates to `max_seq_len`.
 
     The caller's tokenizer is left untouched (it is shared with other components).
     """
-    special_ids(tokenizer, kind)  # fail early, with the fix, when special tokens are missing
+    special_ids(tokenizer)  # fail early, with the fix, when special tokens are missing
     copy = Tokenizer.from_str(tokenizer.to_str())
     copy.no_padding()
-    if kind == "wordpiece":
+    if tokenizer_kind(tokenizer) == "wordpiece":
         add_bert_template(copy)
     else:
         eot_id = copy.token_to_id(EOT)
@@ -212,8 +212,7 @@ class FinetuneDataModule(L.LightningDataModule):
 
     Args:
         task: the task (`conf/task/*.yaml`).
-        tokenizer: the model's tokenizer (not modified).
-        tokenizer_kind: "wordpiece" (BERT) or "bpe" (GPT).
+        tokenizer: the model's tokenizer (not modified): WordPiece (BERT) or BPE (GPT).
         max_seq_len: tokens per sequence, special tokens included.
         batch_size: training batch size.
         eval_batch_size: evaluation batch size.
@@ -235,7 +234,6 @@ class FinetuneDataModule(L.LightningDataModule):
         self,
         task: TaskSpec,
         tokenizer: Tokenizer,
-        tokenizer_kind: str,
         *,
         max_seq_len: int = 128,
         batch_size: int = 32,
@@ -249,8 +247,7 @@ class FinetuneDataModule(L.LightningDataModule):
         label_map: LabelMap | None = None,
     ) -> None:
         super().__init__()
-        if tokenizer_kind not in ("wordpiece", "bpe"):
-            raise ValueError(f"tokenizer_kind={tokenizer_kind!r} is not one of wordpiece, bpe")
+        self.tokenizer_kind = tokenizer_kind(tokenizer)
         if task.long_text is not None and task.is_pair:
             raise TaskDataError(
                 f"task {task.name!r}: task.long_text handles single-text tasks; this task has "
@@ -258,7 +255,9 @@ class FinetuneDataModule(L.LightningDataModule):
             )
         # [CLS] A [SEP] (B [SEP]) for BERT; A <eot> (B <eot>) for GPT
         specials = (
-            (3 if task.is_pair else 2) if tokenizer_kind == "wordpiece" else len(task.text_columns)
+            (3 if task.is_pair else 2)
+            if self.tokenizer_kind == "wordpiece"
+            else len(task.text_columns)
         )
         floor = specials + len(task.text_columns)
         if max_seq_len < floor:
@@ -271,7 +270,7 @@ class FinetuneDataModule(L.LightningDataModule):
                 f"datamodule.batch_size={batch_size} and eval_batch_size={eval_batch_size} "
                 "must be >= 1"
             )
-        self.task, self.tokenizer_kind = task, tokenizer_kind
+        self.task = task
         self.max_seq_len, self.batch_size, self.eval_batch_size = (
             max_seq_len,
             batch_size,
@@ -279,11 +278,13 @@ class FinetuneDataModule(L.LightningDataModule):
         )
         self.num_workers, self.seed, self.max_examples = num_workers, seed, max_examples
         self.train_examples, self.eval_examples = train_examples, eval_examples
-        self._tokenizer = task_tokenizer(tokenizer, tokenizer_kind, max_seq_len)
-        ids = special_ids(tokenizer, tokenizer_kind)
+        self._tokenizer = task_tokenizer(tokenizer, max_seq_len)
+        ids = special_ids(tokenizer)
         self.pad_id = ids.pad
         # put around every long-text chunk (the task template's specials)
-        self._wrap = ([ids.cls], [ids.sep]) if tokenizer_kind == "wordpiece" else ([], [ids.eot])
+        self._wrap = (
+            ([ids.cls], [ids.sep]) if self.tokenizer_kind == "wordpiece" else ([], [ids.eot])
+        )
         self.predict_task = predict_task
         self._examples: dict[str, list[Example]] = {}
         self._encoded: dict[str, EncodedSplit | ChunkedSplit] = {}

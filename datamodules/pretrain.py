@@ -51,7 +51,7 @@ from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objectiv
 from datamodules.sharding import EpochSampler, split_documents
 from datamodules.store import StoreSettings, TokenStore
 from datamodules.store_build import StoreStats, open_or_build_store, store_path
-from tokenizer import SpecialIds, special_ids
+from tokenizer import SpecialIds, special_ids, tokenizer_kind
 from tokenizer.token_bytes import token_byte_counts
 
 log = logging.getLogger(__name__)
@@ -59,16 +59,14 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 
 
-def store_settings(
-    objective: Objective, tokenizer: Tokenizer, tokenizer_kind: str
-) -> StoreSettings:
+def store_settings(objective: Objective, tokenizer: Tokenizer) -> StoreSettings:
     """What the objective needs in a store: sentences for NSP, EOS separators for packing."""
-    special = special_ids(tokenizer, tokenizer_kind)
+    special = special_ids(tokenizer)
     if isinstance(objective, MaskedLMObjective):
-        if tokenizer_kind != "wordpiece":
+        if (kind := tokenizer_kind(tokenizer)) != "wordpiece":
             raise ValueError(
                 f"the masked-LM objective needs a wordpiece tokenizer ([CLS], [SEP], [MASK]), "
-                f"got tokenizer.kind={tokenizer_kind!r}; use tokenizer=wordpiece"
+                f"got a {kind} tokenizer; use tokenizer=wordpiece"
             )
         return StoreSettings(sentences=True)
     if isinstance(objective, CausalLMObjective):
@@ -82,7 +80,6 @@ def store_settings(
 def prepare_stores(
     corpus,
     tokenizer: Tokenizer,
-    tokenizer_kind: str,
     objective: Objective,
     cache_dir: str | os.PathLike,
     *,
@@ -94,7 +91,6 @@ def prepare_stores(
     Args:
         corpus: the training corpus (`datamodules.corpus`).
         tokenizer: the run's tokenizer.
-        tokenizer_kind: "wordpiece" or "bpe".
         objective: the run's objective (decides the store layout).
         cache_dir: root of the caches (stores go to `<cache_dir>/token_stores/`).
         val_corpus: a separate validation corpus, if any.
@@ -103,7 +99,7 @@ def prepare_stores(
     Returns:
         Stats of each store (training first): documents, tokens, MB/s, path, built or reused.
     """
-    settings = store_settings(objective, tokenizer, tokenizer_kind)
+    settings = store_settings(objective, tokenizer)
     corpora = [corpus] if val_corpus is None else [corpus, val_corpus]
     return [
         open_or_build_store(c, tokenizer, settings, cache_dir, chunk_mb=chunk_mb)[1]
@@ -197,7 +193,6 @@ class PretrainDataModule(L.LightningDataModule):
     Args:
         corpus: training corpus (`datamodules.corpus`).
         tokenizer: the run's tokenizer (`tokenizer.get_tokenizer`).
-        tokenizer_kind: "wordpiece" or "bpe".
         objective: `MaskedLMObjective` (BERT) or `CausalLMObjective` (GPT).
         cache_dir: root of the caches; stores go to `<cache_dir>/token_stores/<key>/`.
         seed: data seed (>= 0): validation split, epoch orders, NSP pairs and masks.
@@ -222,7 +217,6 @@ class PretrainDataModule(L.LightningDataModule):
         self,
         corpus,
         tokenizer: Tokenizer,
-        tokenizer_kind: str,
         objective: Objective,
         cache_dir: str | os.PathLike,
         *,
@@ -242,7 +236,6 @@ class PretrainDataModule(L.LightningDataModule):
         super().__init__()
         self.corpus = corpus
         self.tokenizer = tokenizer
-        self.tokenizer_kind = tokenizer_kind
         self.objective = objective
         self.cache_dir = cache_dir
         self.seed = seed
@@ -257,8 +250,8 @@ class PretrainDataModule(L.LightningDataModule):
         self.chunk_mb = chunk_mb
         self.wait_timeout_s = wait_timeout_s
         self._rank, self._world_size = rank, world_size
-        self.settings = store_settings(objective, tokenizer, tokenizer_kind)
-        self.special: SpecialIds = special_ids(tokenizer, tokenizer_kind)
+        self.settings = store_settings(objective, tokenizer)
+        self.special: SpecialIds = special_ids(tokenizer)
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.stats: list[StoreStats] = []
         self.store: TokenStore | None = None
@@ -291,7 +284,6 @@ class PretrainDataModule(L.LightningDataModule):
         self.stats = prepare_stores(
             self.corpus,
             self.tokenizer,
-            self.tokenizer_kind,
             self.objective,
             self.cache_dir,
             val_corpus=self.val_corpus,

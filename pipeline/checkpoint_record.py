@@ -19,13 +19,8 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from models.config import BertConfig, GPTConfig
-from pipeline.families import (
-    UnknownFamilyError,
-    families,
-    family_named,
-    family_of_config,
-    tokenizer_kinds,
-)
+from pipeline.families import UnknownFamilyError, families, family_named, family_of_config
+from tokenizer import UnsupportedTokenizerError, tokenizer_kind
 
 
 class CheckpointLoadError(ValueError):
@@ -38,7 +33,8 @@ class CheckpointRecord:
 
     Attributes:
         model_config: `{"family": name, **fields of the family's config}` (`describe_model`).
-        tokenizer: `{"kind": "wordpiece" | "bpe" | ..., "json": Tokenizer.to_str()}`.
+        tokenizer: `{"kind": "wordpiece" | "bpe", "json": Tokenizer.to_str()}` (the kind is
+            for a reader of the file; the pipeline reads it from the tokenizer itself).
         config: the run's resolved Hydra config ({} when none was stored).
         trained_seq_len: the longest sequence (tokens, special ones included) trained so far;
             read from checkpoints that predate the entry as their config's `objective.seq_len`.
@@ -92,9 +88,9 @@ class CheckpointRecord:
         return {"family": family_of_config(config).name, **dataclasses.asdict(config)}
 
     @staticmethod
-    def describe_tokenizer(tokenizer: Tokenizer, kind: str) -> dict[str, str]:
+    def describe_tokenizer(tokenizer: Tokenizer) -> dict[str, str]:
         """The `tokenizer` entry: its kind and its full JSON."""
-        return {"kind": kind, "json": tokenizer.to_str()}
+        return {"kind": tokenizer_kind(tokenizer), "json": tokenizer.to_str()}
 
     def model(self, path: Path) -> tuple[str, BertConfig | GPTConfig]:
         """(family name, model config) of the `model_config` entry.
@@ -120,24 +116,28 @@ class CheckpointRecord:
                 "the checkpoint may come from a different version of the pipeline"
             ) from err
 
-    def tokenizer_and_kind(self, path: Path) -> tuple[Tokenizer, str]:
-        """The stored tokenizer and its kind.
+    def stored_tokenizer(self, path: Path) -> Tokenizer:
+        """The stored tokenizer, a WordPiece or BPE one.
 
         Raises:
-            CheckpointLoadError: an unknown kind, or JSON that `tokenizers` cannot read.
+            CheckpointLoadError: no tokenizer JSON, JSON that `tokenizers` cannot read, or a
+                tokenizer of another model type.
         """
-        entry = self.tokenizer or {}
-        kind = entry.get("kind")
-        if kind not in tokenizer_kinds():
+        text = (self.tokenizer or {}).get("json")
+        if not isinstance(text, str):
             raise CheckpointLoadError(
-                f"{path}: tokenizer['kind'] is {kind!r}, expected one of "
-                f"{', '.join(sorted(tokenizer_kinds()))}; the checkpoint was not written by "
+                f"{path}: tokenizer['json'] is missing; the checkpoint was not written by "
                 "`make pretrain`"
             )
         try:
-            return Tokenizer.from_str(entry["json"]), kind
+            tokenizer = Tokenizer.from_str(text)
         except Exception as err:  # tokenizers raises plain Exceptions for malformed JSON
             raise CheckpointLoadError(
                 f"{path}: the stored tokenizer cannot be read ({err}); load the run's "
                 "tokenizer.json through its HF export folder instead"
             ) from err
+        try:
+            tokenizer_kind(tokenizer)
+        except UnsupportedTokenizerError as err:
+            raise CheckpointLoadError(f"{path}: {err}") from err
+        return tokenizer

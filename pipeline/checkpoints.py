@@ -217,13 +217,12 @@ class CheckpointExtras(L.Callback):
     def __init__(
         self,
         tokenizer: Tokenizer,
-        tokenizer_kind: str,
         config: dict[str, Any],
         trained_seq_len: Callable[[int], int | None] = lambda steps: None,
     ):
         """`trained_seq_len`: the longest sequence trained after a number of optimizer steps
         (the objective's phases may lengthen it as a run goes on; None: unknown)."""
-        self.tokenizer = CheckpointRecord.describe_tokenizer(tokenizer, tokenizer_kind)
+        self.tokenizer = CheckpointRecord.describe_tokenizer(tokenizer)
         self.config = config
         self.seq_len_at = trained_seq_len
         self.resumed_seq_len: int | None = None  # what the checkpoint resumed from had trained

@@ -32,7 +32,12 @@ from datamodules.tasks import TaskDataError
 from pipeline.config import ConfigError
 from pipeline.load import CheckpointLoadError
 from pipeline.modules import NonFiniteLossError
-from tokenizer import EmptyCorpusError, MissingSpecialTokensError, TokenizerLoadError
+from tokenizer import (
+    EmptyCorpusError,
+    MissingSpecialTokensError,
+    TokenizerLoadError,
+    UnsupportedTokenizerError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +241,7 @@ USER_ERRORS = (
     LongTextError,
     MissingSpecialTokensError,
     TokenizerLoadError,
+    UnsupportedTokenizerError,
     MissingMandatoryValue,
     NonFiniteLossError,
     TaskDataError,

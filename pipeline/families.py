@@ -44,9 +44,8 @@ class Family:
             (`BertModel`); the same as `model_class` when it has none.
         block_class: its repeated transformer block (`BertLayer`), the unit FSDP shards and
             activation checkpointing recomputes.
-        tokenizer_kind: the tokenizer it trains with ("wordpiece" or "bpe").
-        tokenizer_model: the `tokenizers` model type of that tokenizer ("WordPiece"), how an
-            HF folder's tokenizer is recognized.
+        tokenizer_kind: the tokenizer it trains with ("wordpiece" or "bpe"; a tokenizer's own
+            kind is `tokenizer.tokenizer_kind`).
         objective_class: the pretraining objective it trains with (`MaskedLMObjective`).
         module_class: the LightningModule that pretrains it.
         vocab_multiple: embedding rows are padded to a multiple of this (fast matmuls; BERT
@@ -61,7 +60,6 @@ class Family:
     backbone_class: type[nn.Module]
     block_class: type[nn.Module]
     tokenizer_kind: str
-    tokenizer_model: str
     objective_class: type
     module_class: type[PretrainModule]
     vocab_multiple: int
@@ -115,15 +113,6 @@ def family_of_model(model: nn.Module) -> Family:
     raise UnknownFamilyError(f"no model family has the model type {type(model).__name__}")
 
 
-def family_of_tokenizer_model(model_type: str) -> Family | None:
-    """The family whose tokenizer is of `tokenizers` model type `model_type` (None: none)."""
-    return next((f for f in _REGISTRY.values() if f.tokenizer_model == model_type), None)
-
-
-def tokenizer_kinds() -> set[str]:
-    return {family.tokenizer_kind for family in _REGISTRY.values()}
-
-
 register(
     Family(
         name="bert",
@@ -132,7 +121,6 @@ register(
         backbone_class=BertModel,
         block_class=BertLayer,
         tokenizer_kind="wordpiece",
-        tokenizer_model="WordPiece",
         objective_class=MaskedLMObjective,
         module_class=BertPretraining,
         vocab_multiple=1,
@@ -148,7 +136,6 @@ register(
         backbone_class=GPTModel,
         block_class=GPTBlock,
         tokenizer_kind="bpe",
-        tokenizer_model="BPE",
         objective_class=CausalLMObjective,
         module_class=GPTPretraining,
         vocab_multiple=64,

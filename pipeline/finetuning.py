@@ -129,7 +129,6 @@ def task_from(node: DictConfig | None) -> TaskSpec:
 def build_datamodule(
     task: TaskSpec,
     tokenizer,
-    kind: str,
     settings: dict[str, Any],
     seed: int,
     *,
@@ -140,7 +139,6 @@ def build_datamodule(
     return FinetuneDataModule(
         task,
         tokenizer,
-        kind,
         seed=seed,
         label_map=label_map,
         predict_task=predict_task,
@@ -179,16 +177,11 @@ def finetune(
     task = task_from(cfg.get("task"))
     source = source or resolve_checkpoint(cfg.ckpt)  # once, for the backbone and its wandb run
     pretrained = load_backbone(source)
-    backbone, tokenizer, kind, family = (
-        pretrained.model,
-        pretrained.tokenizer,
-        pretrained.tokenizer_kind,
-        pretrained.family,
-    )
+    backbone, tokenizer, family = pretrained.model, pretrained.tokenizer, pretrained.family
     check_fits(cfg.datamodule.max_seq_len, backbone.config)
     if cfg.from_scratch:
         backbone = reinitialize(backbone)
-    datamodule = build_datamodule(task, tokenizer, kind, dict(cfg.datamodule), cfg.seed)
+    datamodule = build_datamodule(task, tokenizer, dict(cfg.datamodule), cfg.seed)
     length = datamodule.sequence_length
     if cfg.from_scratch:  # every position starts random; this run trains up to `length`
         trained = length
@@ -229,7 +222,7 @@ def finetune(
         precision=cfg.trainer.precision or best_precision(),
         logger=loggers or False,
         callbacks=[
-            CheckpointExtras(tokenizer, kind, config, trained_seq_len=lambda steps: trained),
+            CheckpointExtras(tokenizer, config, trained_seq_len=lambda steps: trained),
             checkpoint,
             *progress_bar(cfg.trainer),
         ],
@@ -397,7 +390,6 @@ def inference_setup(cfg: DictConfig, *, predicting: bool = False):
     datamodule = build_datamodule(
         task,
         tuned.tokenizer,
-        tuned.tokenizer_kind,
         settings,
         cfg.seed,
         label_map=tuned.module.head.label_map,

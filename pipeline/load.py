@@ -37,8 +37,13 @@ from models.config import BertConfig, GPTConfig
 from models.hf import UnsupportedCheckpointError, load_hf
 from pipeline.checkpoint_record import CheckpointLoadError, CheckpointRecord
 from pipeline.config import ConfigError
-from pipeline.families import families, family_named, family_of_model, family_of_tokenizer_model
-from tokenizer import TokenizerLoadError, load_tokenizer
+from pipeline.families import family_named, family_of_model
+from tokenizer import (
+    TokenizerLoadError,
+    UnsupportedTokenizerError,
+    load_tokenizer,
+    tokenizer_kind,
+)
 
 __all__ = [
     "CheckpointLoadError",
@@ -80,8 +85,7 @@ class Pretrained:
     Attributes:
         family: "bert" or "gpt".
         model: `BertForPreTraining` (or `BertModel` from a head-less HF export) or `GPT`.
-        tokenizer: the `tokenizers.Tokenizer` of the run.
-        tokenizer_kind: "wordpiece" or "bpe".
+        tokenizer: the `tokenizers.Tokenizer` of the run (its kind: `tokenizer_kind`).
         source: the file or folder the model was read from (a run folder resolves to its
             checkpoint file).
         trained_seq_len: the longest sequence it was trained on (None: unknown, an HF folder).
@@ -90,7 +94,6 @@ class Pretrained:
     family: str
     model: nn.Module
     tokenizer: Tokenizer
-    tokenizer_kind: str
     source: Path
     trained_seq_len: int | None = None
 
@@ -195,11 +198,11 @@ def _load_lightning_checkpoint(path: Path, checkpoint: dict[str, Any]) -> Pretra
             )
     record = CheckpointRecord.of(checkpoint)
     family, config = record.model(path)
-    tokenizer, kind = record.tokenizer_and_kind(path)
+    tokenizer = record.stored_tokenizer(path)
     state = model_state(checkpoint)
     model = _build_model(path, family, config, state)
     _check_vocab(path, tokenizer, config.vocab_size)
-    return Pretrained(family, model, tokenizer, kind, path, record.trained_seq_len)
+    return Pretrained(family, model, tokenizer, path, record.trained_seq_len)
 
 
 def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -307,17 +310,12 @@ def _load_hf_folder(folder: Path) -> Pretrained:
         tokenizer = load_tokenizer(folder, lowercase=_hf_lowercase(folder))
     except TokenizerLoadError as err:
         raise CheckpointLoadError(f"{folder}: {err}") from err
-    model_type = type(tokenizer.model).__name__
-    tokenizer_family = family_of_tokenizer_model(model_type)
-    if tokenizer_family is None:
-        known = ", ".join(f"{f.tokenizer_model} ({f.name})" for f in families())
-        raise CheckpointLoadError(
-            f"{folder}: the tokenizer is a {model_type} model; only {known} tokenizers are "
-            "supported"
-        )
+    try:
+        tokenizer_kind(tokenizer)
+    except UnsupportedTokenizerError as err:
+        raise CheckpointLoadError(f"{folder}: {err}") from err
     _check_vocab(folder, tokenizer, model.config.vocab_size)
-    family = family_of_model(model)
-    return Pretrained(family.name, model, tokenizer, tokenizer_family.tokenizer_kind, folder)
+    return Pretrained(family_of_model(model).name, model, tokenizer, folder)
 
 
 def _hf_lowercase(folder: Path) -> bool:

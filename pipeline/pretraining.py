@@ -116,7 +116,6 @@ def build_datamodule(cfg: DictConfig, plan: RunPlan, tokenizer: Tokenizer) -> Pr
     return PretrainDataModule(
         plan.corpus,
         tokenizer,
-        plan.tokenizer.kind,
         plan.objective,
         cfg.paths.cache_dir,
         seed=cfg.seed,
@@ -151,7 +150,6 @@ def assemble(
         module.model.compile()  # in place: parameter names (and checkpoints) stay the same
     extras = CheckpointExtras(
         tokenizer,
-        plan.tokenizer.kind,
         OmegaConf.to_container(cfg, resolve=True),
         trained_seq_len=functools.partial(trained_seq_len, datamodule.phases),
     )
@@ -170,7 +168,6 @@ def build_probe(node: DictConfig | None, tokenizer: Tokenizer, plan: RunPlan) ->
         return Probe(
             [task_from(task) for task in node.tasks.values()],
             tokenizer,
-            plan.tokenizer.kind,
             seq_len=plan.objective.seq_len,
             every_n_steps=node.every_n_steps,
             train_examples=node.train_examples,

@@ -56,7 +56,6 @@ class Probe(L.Callback):
     Args:
         tasks: the probed tasks (`conf/task/*.yaml`), single texts or pairs.
         tokenizer: the run's tokenizer.
-        tokenizer_kind: "wordpiece" or "bpe".
         seq_len: tokens per probed text (the run's training length).
         every_n_steps: probe after every this many optimizer steps (and at the end).
         train_examples: the probe's training sample per task (a fixed random sample).
@@ -68,7 +67,6 @@ class Probe(L.Callback):
         self,
         tasks: list[TaskSpec],
         tokenizer,
-        tokenizer_kind: str,
         *,
         seq_len: int,
         every_n_steps: int = 200,
@@ -86,7 +84,6 @@ class Probe(L.Callback):
             module = FinetuneDataModule(
                 task,
                 tokenizer,
-                tokenizer_kind,
                 max_seq_len=seq_len,
                 eval_batch_size=batch_size,
                 train_examples=train_examples,

@@ -217,7 +217,6 @@ class Finetuned:
 
     module: TaskModule
     tokenizer: Tokenizer
-    tokenizer_kind: str
     family: str
     source: Path
     config: dict[str, Any]
@@ -251,7 +250,7 @@ def load_finetuned(given: str | os.PathLike | CheckpointSource) -> Finetuned:
         )
     file, record = source.path, source.record
     family, config = record.model(file)
-    tokenizer, kind = record.tokenizer_and_kind(file)
+    tokenizer = record.stored_tokenizer(file)
     try:
         head = HeadSpec.from_record(record.finetune)
     except (KeyError, TypeError, ValueError) as err:
@@ -265,9 +264,7 @@ def load_finetuned(given: str | os.PathLike | CheckpointSource) -> Finetuned:
             f"({str(err).splitlines()[0]}); the file is damaged or was edited"
         ) from err
     module.eval()
-    return Finetuned(
-        module, tokenizer, kind, family, file, dict(record.config), record.trained_seq_len
-    )
+    return Finetuned(module, tokenizer, family, file, dict(record.config), record.trained_seq_len)
 
 
 def load_backbone(given: str | os.PathLike | CheckpointSource) -> Pretrained:
@@ -284,7 +281,6 @@ def load_backbone(given: str | os.PathLike | CheckpointSource) -> Pretrained:
             tuned.family,
             classifier.backbone,
             tuned.tokenizer,
-            tuned.tokenizer_kind,
             tuned.source,
             tuned.trained_seq_len,
         )

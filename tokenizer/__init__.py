@@ -4,7 +4,13 @@ from tokenizer.build import EmptyCorpusError, batched, train_tokenizer
 from tokenizer.cache import atomic_path, tokenizers_version, write_text_atomic
 from tokenizer.load import TokenizerLoadError, load_tokenizer
 from tokenizer.spec import TokenizerSpec, get_tokenizer, tokenizer_cache_path
-from tokenizer.special import MissingSpecialTokensError, SpecialIds, special_ids
+from tokenizer.special import (
+    MissingSpecialTokensError,
+    SpecialIds,
+    UnsupportedTokenizerError,
+    special_ids,
+    tokenizer_kind,
+)
 
 __all__ = [
     "EmptyCorpusError",
@@ -12,12 +18,14 @@ __all__ = [
     "SpecialIds",
     "TokenizerLoadError",
     "TokenizerSpec",
+    "UnsupportedTokenizerError",
     "atomic_path",
     "batched",
     "get_tokenizer",
     "load_tokenizer",
     "special_ids",
     "tokenizer_cache_path",
+    "tokenizer_kind",
     "tokenizers_version",
     "train_tokenizer",
     "write_text_atomic",

@@ -14,7 +14,12 @@ from tokenizers import Tokenizer
 from tokenizer.build import batched, train_tokenizer
 from tokenizer.cache import cache_key, cached_tokenizer_path, read_cached, write_cached
 from tokenizer.load import load_tokenizer
-from tokenizer.special import SPECIALS_BY_KIND, special_ids
+from tokenizer.special import (
+    SPECIALS_BY_KIND,
+    UnsupportedTokenizerError,
+    special_ids,
+    tokenizer_kind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +87,14 @@ def get_tokenizer(
     """
     if spec.path:
         tokenizer = load_tokenizer(spec.path, lowercase=spec.lowercase)
-        special_ids(tokenizer, spec.kind)  # fail now if it lacks our special tokens
+        kind = tokenizer_kind(tokenizer)
+        if kind != spec.kind:
+            raise UnsupportedTokenizerError(
+                f"tokenizer.path={spec.path!r} is a {kind} tokenizer, but this run needs "
+                f"tokenizer.kind={spec.kind}; point tokenizer.path at a {spec.kind} tokenizer, or "
+                "set tokenizer.path=null to train one"
+            )
+        special_ids(tokenizer)  # fail now if it lacks our special tokens
         return tokenizer
     path = tokenizer_cache_path(spec, corpus, cache_dir)
     tokenizer = read_cached(path)

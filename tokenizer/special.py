@@ -12,10 +12,16 @@ EOT = "<|endoftext|>"
 BPE_SPECIALS = (EOT,)
 
 SPECIALS_BY_KIND = {"wordpiece": WORDPIECE_SPECIALS, "bpe": BPE_SPECIALS}
+# A tokenizer's kind follows from its `tokenizers` model type, so it is never passed beside it.
+KIND_OF_MODEL = {"WordPiece": "wordpiece", "BPE": "bpe"}
 
 
 class MissingSpecialTokensError(ValueError):
     """A loaded tokenizer does not have the special tokens this pipeline needs."""
+
+
+class UnsupportedTokenizerError(ValueError):
+    """A tokenizer's model type is neither WordPiece nor BPE, or not the kind a run needs."""
 
 
 @dataclass(frozen=True)
@@ -33,12 +39,30 @@ class SpecialIds:
         return {v for v in vars(self).values() if v is not None}
 
 
-def special_ids(tokenizer: Tokenizer, kind: str) -> SpecialIds:
-    """Look up the special-token ids of a `kind` ("wordpiece" or "bpe") tokenizer.
+def tokenizer_kind(tokenizer: Tokenizer) -> str:
+    """ "wordpiece" or "bpe": the kind of `tokenizer`, read from its model type.
 
     Raises:
+        UnsupportedTokenizerError: the tokenizer is of another model type (Unigram, WordLevel).
+    """
+    model_type = type(tokenizer.model).__name__
+    if model_type not in KIND_OF_MODEL:
+        known = ", ".join(f"{model} ({kind})" for model, kind in KIND_OF_MODEL.items())
+        raise UnsupportedTokenizerError(
+            f"the tokenizer is a {model_type} model; only {known} tokenizers are supported "
+            "(train one with tokenizer.path=null)"
+        )
+    return KIND_OF_MODEL[model_type]
+
+
+def special_ids(tokenizer: Tokenizer) -> SpecialIds:
+    """Look up the special-token ids of a tokenizer, by its kind (`tokenizer_kind`).
+
+    Raises:
+        UnsupportedTokenizerError: the tokenizer is neither WordPiece nor BPE.
         MissingSpecialTokensError: a required special token is missing from the vocabulary.
     """
+    kind = tokenizer_kind(tokenizer)
     missing = [t for t in SPECIALS_BY_KIND[kind] if tokenizer.token_to_id(t) is None]
     if missing:
         raise MissingSpecialTokensError(

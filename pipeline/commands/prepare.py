@@ -20,9 +20,7 @@ def main(cfg: DictConfig) -> None:
     with user_errors():
         plan = check_config(cfg)
         tokenizer = get_tokenizer(plan.tokenizer, plan.corpus, cfg.paths.cache_dir)
-        stats = prepare_stores(
-            plan.corpus, tokenizer, plan.tokenizer.kind, plan.objective, cfg.paths.cache_dir
-        )
+        stats = prepare_stores(plan.corpus, tokenizer, plan.objective, cfg.paths.cache_dir)
     for store in stats:
         how = "built" if store.built else "reused (built earlier)"
         speed = store.text_bytes / 1e6 / store.seconds if store.seconds > 0 else float("nan")

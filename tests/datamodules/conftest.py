@@ -45,19 +45,19 @@ def wikitext() -> TextFilesCorpus:
 
 @pytest.fixture(scope="session")
 def bert_store(embedded, wordpiece, cache_dir) -> TokenStore:
-    return build(embedded, wordpiece, "wordpiece", MaskedLMObjective(), cache_dir)
+    return build(embedded, wordpiece, MaskedLMObjective(), cache_dir)
 
 
 @pytest.fixture(scope="session")
 def gpt_store(embedded, bpe, cache_dir) -> TokenStore:
-    return build(embedded, bpe, "bpe", CausalLMObjective(), cache_dir)
+    return build(embedded, bpe, CausalLMObjective(), cache_dir)
 
 
 @pytest.fixture(scope="session")
 def wiki_bert_store(wikitext, wordpiece, cache_dir) -> TokenStore:
-    return build(wikitext, wordpiece, "wordpiece", MaskedLMObjective(), cache_dir)
+    return build(wikitext, wordpiece, MaskedLMObjective(), cache_dir)
 
 
 @pytest.fixture(scope="session")
 def wiki_gpt_store(wikitext, bpe, cache_dir) -> TokenStore:
-    return build(wikitext, bpe, "bpe", CausalLMObjective(), cache_dir)
+    return build(wikitext, bpe, CausalLMObjective(), cache_dir)

@@ -12,9 +12,9 @@ from tests.conftest import SHARED_DATA
 WIKITEXT_TRAIN = SHARED_DATA / "wikitext/wikitext-2-tokenized/train.txt.gz"
 
 
-def build(corpus, tokenizer, kind: str, objective, cache_dir) -> TokenStore:
+def build(corpus, tokenizer, objective, cache_dir) -> TokenStore:
     """The store of (corpus, tokenizer, objective) in cache_dir, built if missing."""
-    settings = store_settings(objective, tokenizer, kind)
+    settings = store_settings(objective, tokenizer)
     return open_or_build_store(corpus, tokenizer, settings, cache_dir)[0]
 
 

@@ -40,9 +40,9 @@ def glue_bpe(glue_sentences):
     return train_tokenizer("bpe", batched(glue_sentences), 600)
 
 
-def glue_module(name: str, folder: str, tokenizer, kind="wordpiece", **kwargs):
+def glue_module(name: str, folder: str, tokenizer, **kwargs):
     spec = task_spec(name, f"task.data_dir={GLUE / folder}")
-    dm = FinetuneDataModule(spec, tokenizer, kind, max_examples=N, **kwargs)
+    dm = FinetuneDataModule(spec, tokenizer, max_examples=N, **kwargs)
     dm.setup()
     return dm
 
@@ -59,7 +59,7 @@ def rows(batch: dict[str, torch.Tensor]):
 
 def test_pair_template_and_token_types(glue_wordpiece):
     dm = glue_module("rte", "RTE", glue_wordpiece, max_seq_len=512)
-    special = special_ids(glue_wordpiece, "wordpiece")
+    special = special_ids(glue_wordpiece)
     batch = next(iter(dm.val_dataloader()[0]))
     for ids, types in rows(batch):
         seps = [i for i, t in enumerate(ids) if t == special.sep]
@@ -84,7 +84,7 @@ def test_first_pair_decodes_to_both_texts(glue_wordpiece):
 
 def test_truncation_respects_max_len_and_keeps_both_segments(glue_wordpiece):
     dm = glue_module("rte", "RTE", glue_wordpiece, max_seq_len=24, eval_batch_size=N)
-    sep = special_ids(glue_wordpiece, "wordpiece").sep
+    sep = special_ids(glue_wordpiece).sep
     batch = next(iter(dm.val_dataloader()[0]))
     assert batch["input_ids"].shape[1] == 24  # RTE premises are long: some rows hit the limit
     for ids, types in rows(batch):
@@ -147,7 +147,7 @@ def test_eval_splits_are_kept_apart(tmp_path):
         label_column="label",
     )
     tok = train_tokenizer("wordpiece", iter([["a b c d"] * 5]), 60, min_frequency=1)
-    dm = FinetuneDataModule(spec, tok, "wordpiece")
+    dm = FinetuneDataModule(spec, tok)
     dm.setup()
     assert dm.eval_splits == ["matched", "mismatched"] and dm.label_to_id == {"x": 0, "y": 1}
     loaders = dm.val_dataloader()
@@ -162,19 +162,19 @@ def test_dev_label_unseen_in_training_names_file_and_line(tmp_path):
     spec = TaskSpec(name="t", data_dir=str(tmp_path), text_columns=["text"], label_column="label")
     tok = train_tokenizer("wordpiece", iter([["a b"] * 5]), 60, min_frequency=1)
     with pytest.raises(TaskDataError, match=r"dev.tsv:3: label 'z'"):
-        FinetuneDataModule(spec, tok, "wordpiece").setup()
+        FinetuneDataModule(spec, tok).setup()
 
 
 def test_gpt_pairs_are_joined_by_end_of_text(glue_bpe):
-    dm = glue_module("rte", "RTE", glue_bpe, kind="bpe", max_seq_len=40)
-    eot = special_ids(glue_bpe, "bpe").eot
+    dm = glue_module("rte", "RTE", glue_bpe, max_seq_len=40)
+    eot = special_ids(glue_bpe).eot
     batch = next(iter(dm.val_dataloader()[0]))
     assert (batch["token_type_ids"] == 0).all()
     assert (batch["input_ids"][batch["attention_mask"] == 0] == eot).all()  # pad = eot
     for ids, _ in rows(batch):
         assert len(ids) <= 40 and ids[-1] == eot and ids.count(eot) == 2
         assert 1 <= ids.index(eot) < len(ids) - 2  # A and B both keep tokens
-    single = glue_module("sst2", "SST-2", glue_bpe, kind="bpe")
+    single = glue_module("sst2", "SST-2", glue_bpe)
     ids, _ = next(rows(next(iter(single.val_dataloader()[0]))))
     assert ids[-1] == eot and ids.count(eot) == 1
 
@@ -182,8 +182,8 @@ def test_gpt_pairs_are_joined_by_end_of_text(glue_bpe):
 def test_too_short_max_seq_len_is_rejected(glue_wordpiece):
     spec = task_spec("rte", f"task.data_dir={GLUE / 'RTE'}")
     with pytest.raises(ValueError, match="max_seq_len=4"):
-        FinetuneDataModule(spec, glue_wordpiece, "wordpiece", max_seq_len=4)
-    FinetuneDataModule(spec, glue_wordpiece, "wordpiece", max_seq_len=5)
+        FinetuneDataModule(spec, glue_wordpiece, max_seq_len=4)
+    FinetuneDataModule(spec, glue_wordpiece, max_seq_len=5)
 
 
 def test_every_example_is_served_once_per_epoch(glue_wordpiece):
@@ -198,7 +198,7 @@ def test_train_examples_is_one_random_sample_for_every_seed(glue_wordpiece):
     everything = read_examples(spec, "train")
     samples = []
     for seed in (1, 2):
-        dm = FinetuneDataModule(spec, glue_wordpiece, "wordpiece", seed=seed, train_examples=300)
+        dm = FinetuneDataModule(spec, glue_wordpiece, seed=seed, train_examples=300)
         dm.setup()
         samples.append([e.id for e in dm.examples("train")])
         assert len(dm.examples("dev")) == len(read_examples(spec, "dev"))  # dev is whole
@@ -208,6 +208,6 @@ def test_train_examples_is_one_random_sample_for_every_seed(glue_wordpiece):
     assert positions == sorted(positions)  # file order kept
     # STS-B's training file is sorted by genre: a sample reaches its last part, a prefix not
     assert positions[-1] > len(everything) * 0.9
-    whole = FinetuneDataModule(spec, glue_wordpiece, "wordpiece", train_examples=10**6)
+    whole = FinetuneDataModule(spec, glue_wordpiece, train_examples=10**6)
     whole.setup("fit")
     assert len(whole.examples("train")) == len(everything)

@@ -68,7 +68,6 @@ def window_module(tokenizer, **long_text):
     dm = FinetuneDataModule(
         spec,
         tokenizer,
-        "wordpiece",
         max_seq_len=66,
         batch_size=3,
         eval_batch_size=4,
@@ -81,7 +80,7 @@ def window_module(tokenizer, **long_text):
 
 def test_window_batches_hold_every_chunk_of_whole_documents(wordpiece):
     dm = window_module(wordpiece, stride=48)
-    ids = special_ids(wordpiece, "wordpiece")
+    ids = special_ids(wordpiece)
     batch = next(iter(dm.val_dataloader()[0]))
     docs = batch["example_index"].tolist()
     assert len(docs) == 4 and batch["labels"].shape == (4,)
@@ -124,18 +123,18 @@ def test_truncation_modes_keep_the_head_or_head_and_tail(wordpiece):
         "task.long_text.truncate=head_tail",
         "task.long_text.head=10",
     )
-    dm = FinetuneDataModule(spec, wordpiece, "wordpiece", max_seq_len=34, max_examples=3)
+    dm = FinetuneDataModule(spec, wordpiece, max_seq_len=34, max_examples=3)
     dm.setup()
     batch = next(iter(dm.val_dataloader()[0]))
     content = wordpiece.encode(dm.examples(CARVED_DEV)[0].texts[0], add_special_tokens=False).ids
-    ids = special_ids(wordpiece, "wordpiece")
+    ids = special_ids(wordpiece)
     assert batch["input_ids"][0].tolist() == [ids.cls, *content[:10], *content[-22:], ids.sep]
     assert "chunk_doc" not in batch
 
 
 def test_head_tail_keeps_a_quarter_by_default_and_checks_head(wordpiece):
     spec = imdb("task.long_text.mode=truncate", "task.long_text.truncate=head_tail")
-    dm = FinetuneDataModule(spec, wordpiece, "wordpiece", max_seq_len=42, max_examples=2)
+    dm = FinetuneDataModule(spec, wordpiece, max_seq_len=42, max_examples=2)
     dm.setup()
     content = wordpiece.encode(dm.examples(CARVED_DEV)[0].texts[0], add_special_tokens=False).ids
     row = next(iter(dm.val_dataloader()[0]))["input_ids"][0].tolist()
@@ -145,7 +144,7 @@ def test_head_tail_keeps_a_quarter_by_default_and_checks_head(wordpiece):
         "task.long_text.truncate=head_tail",
         "task.long_text.head=128",
     )
-    dm = FinetuneDataModule(too_long, wordpiece, "wordpiece", max_seq_len=42, max_examples=2)
+    dm = FinetuneDataModule(too_long, wordpiece, max_seq_len=42, max_examples=2)
     with pytest.raises(LongTextError, match="head=128 exceeds the 40 content tokens"):
         dm.setup()
 
@@ -153,7 +152,7 @@ def test_head_tail_keeps_a_quarter_by_default_and_checks_head(wordpiece):
 def test_window_that_does_not_fit_is_rejected(wordpiece):
     spec = imdb("task.long_text.window=100")
     with pytest.raises(ValueError, match="does not fit max_seq_len"):
-        FinetuneDataModule(spec, wordpiece, "wordpiece", max_seq_len=66)
+        FinetuneDataModule(spec, wordpiece, max_seq_len=66)
 
 
 def test_long_text_spec_checks_its_values():
@@ -173,7 +172,6 @@ def test_prediction_file_is_read_without_labels(wordpiece, tmp_path):
     dm = FinetuneDataModule(
         spec,
         wordpiece,
-        "wordpiece",
         max_seq_len=66,
         predict_task=spec.prediction_spec(docs),
         label_map=None,

@@ -12,7 +12,7 @@ from tokenizer import special_ids
 
 def batches_of(store, tokenizer, epochs: int = 3, **objective_settings) -> list[dict]:
     objective = MaskedLMObjective(**objective_settings)
-    special = special_ids(tokenizer, "wordpiece")
+    special = special_ids(tokenizer)
     vocab = tokenizer.get_vocab_size()
     table = continuation_table(tokenizer) if objective.whole_word_masking else None
     dataset = BertBatches(
@@ -43,7 +43,7 @@ def batches(bert_store, wordpiece):
 
 @pytest.fixture(scope="module")
 def special(wordpiece):
-    return special_ids(wordpiece, "wordpiece")
+    return special_ids(wordpiece)
 
 
 def is_special(ids: np.ndarray, special) -> np.ndarray:
@@ -134,4 +134,4 @@ def test_whole_word_masking_takes_every_piece_of_a_word(bert_store, wordpiece, s
 
 def test_masker_needs_a_mask_token(bpe):
     with pytest.raises(ValueError, match=r"\[MASK\]"):
-        MLMMasker(MaskedLMObjective(), special_ids(bpe, "bpe"), bpe.get_vocab_size())
+        MLMMasker(MaskedLMObjective(), special_ids(bpe), bpe.get_vocab_size())

@@ -23,7 +23,7 @@ def rank_main(rank: int, tokenizer_json: str, cache_dir: str, results) -> None:
     )
     objective = MaskedLMObjective(seq_len=64, batch_size=8)
     dm = PretrainDataModule(
-        EmbeddedCorpus(), tokenizer, "wordpiece", objective, cache_dir, seed=3, wait_timeout_s=60
+        EmbeddedCorpus(), tokenizer, objective, cache_dir, seed=3, wait_timeout_s=60
     )
     try:
         dm.setup("fit")

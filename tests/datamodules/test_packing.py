@@ -95,7 +95,7 @@ def test_window_order_is_shuffled_per_epoch(store):
 
 
 def test_too_little_text_for_one_window(bpe, tmp_path):
-    store = build(ListCorpus(["tiny", "docs"]), bpe, "bpe", CausalLMObjective(), tmp_path)
+    store = build(ListCorpus(["tiny", "docs"]), bpe, CausalLMObjective(), tmp_path)
     with pytest.raises(
         ValueError, match=r"training documents hold \d+ tokens, fewer than one window"
     ):

@@ -93,16 +93,12 @@ class Recorder(L.LightningModule):
 def test_a_trainer_gets_each_phase_s_batches_exactly_on_its_steps(embedded, wordpiece, cache_dir):
     corpus = ListCorpus(list(embedded.documents())[:8])
     settings = {"val_fraction": 0.25, "seed": 3}
-    probe = PretrainDataModule(
-        corpus, wordpiece, "wordpiece", phased(), cache_dir, max_steps=2, **settings
-    )
+    probe = PretrainDataModule(corpus, wordpiece, phased(), cache_dir, max_steps=2, **settings)
     probe.setup("fit")
     per_epoch = len(probe.train_sets[0])
     # phase 0 spans a whole epoch and 3 steps of the next; phase 1 as many steps
     steps = 2 * (per_epoch + 3)
-    dm = PretrainDataModule(
-        corpus, wordpiece, "wordpiece", phased(), cache_dir, max_steps=steps, **settings
-    )
+    dm = PretrainDataModule(corpus, wordpiece, phased(), cache_dir, max_steps=steps, **settings)
     module = Recorder()
     trainer = L.Trainer(
         max_steps=steps,
@@ -132,7 +128,7 @@ def test_a_trainer_gets_each_phase_s_batches_exactly_on_its_steps(embedded, word
 
 def test_a_position_from_another_phase_plan_is_refused(embedded, wordpiece, cache_dir):
     corpus = ListCorpus(list(embedded.documents())[:8])
-    dm = PretrainDataModule(corpus, wordpiece, "wordpiece", phased(), cache_dir, max_steps=20)
+    dm = PretrainDataModule(corpus, wordpiece, phased(), cache_dir, max_steps=20)
     dm.setup("fit")
     state = dm.state_dict() | {"phase": 2}
     with pytest.raises(ValueError, match="objective phase 2, this run has 2 phase"):

@@ -16,9 +16,7 @@ from tokenizer import special_ids
 @pytest.fixture
 def bert_dm(embedded, wordpiece, cache_dir):
     objective = MaskedLMObjective(seq_len=128, batch_size=8)
-    dm = PretrainDataModule(
-        embedded, wordpiece, "wordpiece", objective, cache_dir, val_fraction=0.1
-    )
+    dm = PretrainDataModule(embedded, wordpiece, objective, cache_dir, val_fraction=0.1)
     dm.setup("fit")
     return dm
 
@@ -26,7 +24,7 @@ def bert_dm(embedded, wordpiece, cache_dir):
 @pytest.fixture
 def gpt_dm(embedded, bpe, cache_dir):
     objective = CausalLMObjective(seq_len=64, batch_size=4, document_masking=True)
-    dm = PretrainDataModule(embedded, bpe, "bpe", objective, cache_dir, val_fraction=0.1)
+    dm = PretrainDataModule(embedded, bpe, objective, cache_dir, val_fraction=0.1)
     dm.setup("fit")
     return dm
 
@@ -94,7 +92,6 @@ def test_val_corpus_and_no_validation(embedded, wordpiece, cache_dir, small_docs
     dm = PretrainDataModule(
         embedded,
         wordpiece,
-        "wordpiece",
         objective,
         cache_dir,
         val_corpus=ListCorpus(small_docs[:6]),
@@ -102,9 +99,7 @@ def test_val_corpus_and_no_validation(embedded, wordpiece, cache_dir, small_docs
     dm.setup("fit")
     assert len(dm.stats) == 2 and dm.stats[1].documents == 6
     assert len(dm.val_dataloader()) > 0
-    none = PretrainDataModule(
-        embedded, wordpiece, "wordpiece", objective, cache_dir, val_fraction=0
-    )
+    none = PretrainDataModule(embedded, wordpiece, objective, cache_dir, val_fraction=0)
     none.setup("fit")
     assert none.val_dataloader() == []
 
@@ -113,7 +108,7 @@ def test_ranks_read_disjoint_shares(embedded, bpe, cache_dir):
     objective = CausalLMObjective(seq_len=64, batch_size=4)
     shares = []
     for rank in (0, 1):
-        dm = PretrainDataModule(embedded, bpe, "bpe", objective, cache_dir, rank=rank, world_size=2)
+        dm = PretrainDataModule(embedded, bpe, objective, cache_dir, rank=rank, world_size=2)
         dm.setup("fit")
         shares.append(
             np.concatenate([dm.train_set.batch_items(0, i) for i in range(len(dm.train_set))])
@@ -124,21 +119,21 @@ def test_ranks_read_disjoint_shares(embedded, bpe, cache_dir):
 
 def test_objective_and_tokenizer_must_match(embedded, bpe, cache_dir):
     with pytest.raises(ValueError, match="needs a wordpiece tokenizer"):
-        PretrainDataModule(embedded, bpe, "bpe", MaskedLMObjective(), cache_dir)
+        PretrainDataModule(embedded, bpe, MaskedLMObjective(), cache_dir)
 
 
 def test_dataloader_before_setup_is_an_error(embedded, bpe, cache_dir):
-    dm = PretrainDataModule(embedded, bpe, "bpe", CausalLMObjective(), cache_dir)
+    dm = PretrainDataModule(embedded, bpe, CausalLMObjective(), cache_dir)
     with pytest.raises(RuntimeError, match="setup"):
         dm.train_dataloader()
 
 
 def test_prepare_data_then_setup_reads_the_same_store(embedded, bpe, tmp_path):
-    dm = PretrainDataModule(embedded, bpe, "bpe", CausalLMObjective(), tmp_path)
+    dm = PretrainDataModule(embedded, bpe, CausalLMObjective(), tmp_path)
     dm.prepare_data()
     assert dm.stats[0].built
     dm.setup("fit")
-    assert len(dm.stats) == 1 and special_ids(bpe, "bpe").eot == dm.settings.eos_id
+    assert len(dm.stats) == 1 and special_ids(bpe).eot == dm.settings.eos_id
 
 
 @pytest.mark.parametrize("micro_batches", [1, 3])
@@ -150,9 +145,7 @@ def test_accumulation_hands_out_whole_steps_of_the_same_batches(
     objective = MaskedLMObjective(seq_len=64, batch_size=4)
 
     def batches(k: int) -> list[dict[str, torch.Tensor]]:
-        dm = PretrainDataModule(
-            embedded, wordpiece, "wordpiece", objective, cache_dir, micro_batches=k
-        )
+        dm = PretrainDataModule(embedded, wordpiece, objective, cache_dir, micro_batches=k)
         dm.setup("fit")
         loader = dm.train_dataloader()
         out = list(loader)

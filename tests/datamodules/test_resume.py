@@ -24,7 +24,7 @@ def make_dm(request, embedded, cache_dir):
         kind, objective = SETTINGS[model]
         tokenizer = request.getfixturevalue(kind)
         return PretrainDataModule(
-            embedded, tokenizer, kind, objective, cache_dir, seed=seed, num_workers=num_workers
+            embedded, tokenizer, objective, cache_dir, seed=seed, num_workers=num_workers
         )
 
     return make

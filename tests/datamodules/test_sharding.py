@@ -55,7 +55,7 @@ def datasets(kind: str, store, tokenizer, world_size: int) -> list:
             for r in range(world_size)
         ]
     objective = MaskedLMObjective(seq_len=64, batch_size=8)
-    special = special_ids(tokenizer, "wordpiece")
+    special = special_ids(tokenizer)
     masker = MLMMasker(objective, special, tokenizer.get_vocab_size())
     return [
         BertBatches(store, all_documents(store), objective, masker, special, rank=r, **shard)

@@ -118,7 +118,7 @@ def test_marker_character_in_the_vocabulary_stays_text(wordpiece, tmp_path):
 
 
 def test_gpt_store_ends_documents_with_eos(gpt_store, embedded, bpe):
-    eos = special_ids(bpe, "bpe").eot
+    eos = special_ids(bpe).eot
     documents = list(embedded.documents())
     for index in (0, 40):
         assert gpt_store.document(index).tolist() == [*encode(bpe, documents[index]), eos]
@@ -213,13 +213,10 @@ def test_documents_without_text_are_skipped_and_counted(wordpiece, tmp_path, sma
 
 def test_special_token_text_is_encoded_as_text(wordpiece, bpe, tmp_path):
     text = "The [SEP] and [MASK] strings and <|endoftext|> are only text here."
-    for tokenizer, kind, objective in (
-        (wordpiece, "wordpiece", MaskedLMObjective()),
-        (bpe, "bpe", CausalLMObjective()),
-    ):
-        settings = store_settings(objective, tokenizer, kind)
+    for tokenizer, objective in ((wordpiece, MaskedLMObjective()), (bpe, CausalLMObjective())):
+        settings = store_settings(objective, tokenizer)
         store, _ = open_or_build_store(ListCorpus([text, text]), tokenizer, settings, tmp_path)
-        specials = special_ids(tokenizer, kind).all() - {special_ids(tokenizer, kind).unk}
+        specials = special_ids(tokenizer).all() - {special_ids(tokenizer).unk}
         body = store.document(0)[:-1] if settings.eos_id is not None else store.document(0)
         assert not set(body.tolist()) & specials
         assert tokenizer.encode(text).ids != body.tolist()  # the tokenizer alone would not
@@ -264,7 +261,6 @@ def test_prepare_stores_reports_figures(embedded, wordpiece, tmp_path, small_doc
     stats = prepare_stores(
         embedded,
         wordpiece,
-        "wordpiece",
         MaskedLMObjective(),
         tmp_path,
         val_corpus=ListCorpus(small_docs[:5]),
@@ -274,9 +270,7 @@ def test_prepare_stores_reports_figures(embedded, wordpiece, tmp_path, small_doc
     assert train.documents == 79 and train.tokens > 50_000 and train.mb_per_s > 0
     assert train.text_bytes > 300_000
     assert "documents" in train.summary() and str(train.path) in train.summary()
-    assert not prepare_stores(embedded, wordpiece, "wordpiece", MaskedLMObjective(), tmp_path)[
-        0
-    ].built
+    assert not prepare_stores(embedded, wordpiece, MaskedLMObjective(), tmp_path)[0].built
 
 
 def test_real_wikitext2_store(wiki_gpt_store, wikitext, bpe):
@@ -363,7 +357,7 @@ def run_caches(cache, paths: dict[str, str], base: str, overrides: list[str]):
     )
     plan = check_config(cfg)
     tokenizer = get_tokenizer(plan.tokenizer, plan.corpus, cache)
-    [stats] = prepare_stores(plan.corpus, tokenizer, plan.tokenizer.kind, plan.objective, cache)
+    [stats] = prepare_stores(plan.corpus, tokenizer, plan.objective, cache)
     return tokenizer_cache_path(plan.tokenizer, plan.corpus, cache), stats
 
 

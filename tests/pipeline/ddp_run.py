@@ -33,7 +33,6 @@ from tokenizer import load_tokenizer
 
 SEED = 7
 WORLD_SIZE = 2
-KIND = {"bert": "wordpiece", "gpt": "bpe"}
 
 
 def model_config(family: str, tokenizer_vocab: int) -> BertConfig | GPTConfig:
@@ -143,7 +142,6 @@ def main(
     datamodule = PretrainDataModule(
         EmbeddedCorpus(),
         tokenizer,
-        KIND[family],
         objective(family),
         cache_dir,
         seed=SEED,

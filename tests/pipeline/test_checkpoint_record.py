@@ -12,8 +12,8 @@ from models.config import BertConfig, GPTConfig
 from pipeline.checkpoint_record import CheckpointLoadError, CheckpointRecord
 
 
-def word_tokenizer() -> Tokenizer:
-    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "the": 1, "cat": 2}, unk_token="[UNK]"))
+def word_tokenizer(model=models.WordPiece) -> Tokenizer:
+    tokenizer = Tokenizer(model({"[UNK]": 0, "the": 1, "cat": 2}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     return tokenizer
 
@@ -22,7 +22,7 @@ def test_a_written_record_reads_back_as_itself_and_rebuilds_model_and_tokenizer(
     config = GPTConfig.from_preset("tiny", vocab_size=300)
     written = CheckpointRecord(
         model_config=CheckpointRecord.describe_model(config),
-        tokenizer=CheckpointRecord.describe_tokenizer(word_tokenizer(), "bpe"),
+        tokenizer=CheckpointRecord.describe_tokenizer(word_tokenizer()),
         config={"objective": {"seq_len": 64}},
         trained_seq_len=128,
         wandb={"id": "x1", "project": "p"},
@@ -38,8 +38,8 @@ def test_a_written_record_reads_back_as_itself_and_rebuilds_model_and_tokenizer(
     read = CheckpointRecord.of(checkpoint)
     assert read == written
     assert read.model(Path("x.ckpt")) == ("gpt", config)
-    tokenizer, kind = read.tokenizer_and_kind(Path("x.ckpt"))
-    assert kind == "bpe" and tokenizer.encode("the cat").ids == [1, 2]
+    assert checkpoint["tokenizer"]["kind"] == "wordpiece"  # for a reader of the file
+    assert read.stored_tokenizer(Path("x.ckpt")).encode("the cat").ids == [1, 2]
 
 
 def test_an_older_checkpoint_reads_its_trained_length_from_its_config_and_has_no_extras():
@@ -59,12 +59,15 @@ def test_entries_of_the_wrong_type_read_as_absent_and_accessors_name_the_problem
     assert damaged.wandb == {} and damaged.rng == [] and damaged.config == {}
     with pytest.raises(CheckpointLoadError, match=r"x\.ckpt: model_config\['family'\] is None"):
         damaged.model(Path("x.ckpt"))
-    with pytest.raises(CheckpointLoadError, match=r"tokenizer\['kind'\] is None"):
-        damaged.tokenizer_and_kind(Path("x.ckpt"))
+    with pytest.raises(CheckpointLoadError, match=r"x\.ckpt: tokenizer\['json'\] is missing"):
+        damaged.stored_tokenizer(Path("x.ckpt"))
     fields = CheckpointRecord.describe_model(BertConfig.from_preset("tiny", vocab_size=100))
     fields["n_heads"] = 5  # no longer divides the width
     with pytest.raises(CheckpointLoadError, match="not make a valid BertConfig"):
         CheckpointRecord(model_config=fields).model(Path("x.ckpt"))
     broken = CheckpointRecord(tokenizer={"kind": "wordpiece", "json": "{not json"})
     with pytest.raises(CheckpointLoadError, match="stored tokenizer cannot be read"):
-        broken.tokenizer_and_kind(Path("x.ckpt"))
+        broken.stored_tokenizer(Path("x.ckpt"))
+    other = CheckpointRecord(tokenizer={"json": word_tokenizer(models.WordLevel).to_str()})
+    with pytest.raises(CheckpointLoadError, match="x.ckpt: the tokenizer is a WordLevel model"):
+        other.stored_tokenizer(Path("x.ckpt"))

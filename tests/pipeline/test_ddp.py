@@ -21,7 +21,6 @@ from datamodules.corpus import EmbeddedCorpus
 from models.config import BertConfig, GPTConfig
 from pipeline.families import family_named
 from tests.conftest import CLI_ENV, REPO
-from tests.pipeline.ddp_run import KIND
 from tokenizer import batched, train_tokenizer
 
 SCRIPT = Path(__file__).with_name("ddp_run.py")
@@ -42,7 +41,9 @@ def run_ddp(tmp_path: Path, family: str, accumulate: int, optim: str = "adamw") 
     # WordPiece/BPE training is not reproducible across processes: train once, here, and let
     # both ranks load the file.
     vocab = 2000 if family == "bert" else 1000
-    tokenizer = train_tokenizer(KIND[family], batched(EmbeddedCorpus().documents()), vocab)
+    tokenizer = train_tokenizer(
+        family_named(family).tokenizer_kind, batched(EmbeddedCorpus().documents()), vocab
+    )
     tokenizer_json = tmp_path / "tokenizer.json"
     tokenizer.save(str(tokenizer_json))
     out = tmp_path / "out"

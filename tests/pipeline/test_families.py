@@ -29,7 +29,7 @@ from pipeline.modules import PretrainModule
 from pipeline.pretraining import assemble
 from pipeline.task_module import load_backbone, reinitialize
 from tests.conftest import compose_pretrain
-from tokenizer import get_tokenizer
+from tokenizer import get_tokenizer, tokenizer_kind
 
 
 @dataclass
@@ -92,7 +92,6 @@ TOY = Family(
     backbone_class=ToyModel,
     block_class=nn.Linear,
     tokenizer_kind="bpe",
-    tokenizer_model="BPE",
     objective_class=CausalLMObjective,
     module_class=ToyPretraining,
     vocab_multiple=8,
@@ -140,7 +139,7 @@ def test_a_third_family_trains_checkpoints_and_loads_through_the_generic_paths(
     trainer.fit(module, datamodule=datamodule)
 
     loaded = load_pretrained(run_dir)  # a run folder: its checkpoints/last.ckpt
-    assert (loaded.family, loaded.tokenizer_kind) == ("toy", "bpe")
+    assert (loaded.family, tokenizer_kind(loaded.tokenizer)) == ("toy", "bpe")
     assert isinstance(loaded.model, ToyModel) and loaded.trained_seq_len == 128
     trained = module.model.state_dict()
     assert all(torch.equal(loaded.model.state_dict()[k], v) for k, v in trained.items())

@@ -24,6 +24,7 @@ from pipeline.task_module import load_backbone, load_finetuned
 from tests.conftest import CONF, SHARED_DATA
 from tests.pipeline.test_generate import run_cli
 from tests.pipeline.tiny_models import write_run
+from tokenizer import tokenizer_kind
 
 GLUE = SHARED_DATA / "glue"
 LONG_DOCS = SHARED_DATA / "long_docs"
@@ -199,7 +200,7 @@ def test_gpt_backbone_fine_tunes_on_the_last_token(gpt_ckpt, tmp_path):
     results, run_dir = run_finetune(tmp_path, gpt_ckpt, "task=rte", data_dir=GLUE / "RTE")
     assert 0 <= results.best.metrics["dev"]["accuracy"] <= 1
     tuned = load_finetuned(run_dir)
-    assert tuned.family == "gpt" and tuned.tokenizer_kind == "bpe"
+    assert tuned.family == "gpt" and tokenizer_kind(tuned.tokenizer) == "bpe"
 
 
 def test_from_scratch_keeps_the_architecture_but_not_the_weights(bert_ckpt, tmp_path):
@@ -222,7 +223,7 @@ def test_fine_tuned_model_can_be_fine_tuned_again(bert_ckpt, tmp_path):
     backbone = loaded.model
     tuned = load_finetuned(first).module.model.backbone
     assert backbone is tuned or torch.equal(next(backbone.parameters()), next(tuned.parameters()))
-    assert (loaded.family, loaded.tokenizer_kind) == ("bert", "wordpiece")
+    assert (loaded.family, tokenizer_kind(loaded.tokenizer)) == ("bert", "wordpiece")
     results, _ = run_finetune(tmp_path / "b", first, "task=rte", data_dir=GLUE / "RTE")
     assert results.backbone == str(first)
 

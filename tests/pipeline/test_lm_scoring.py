@@ -26,7 +26,7 @@ TEXT = "The café opened in 1921. Its owner, Zoë, served tea — and nothing el
 
 
 def pretrained_gpt(model, tokenizer) -> Pretrained:
-    return Pretrained("gpt", model.eval(), tokenizer, "bpe", Path("memory"))
+    return Pretrained("gpt", model.eval(), tokenizer, Path("memory"))
 
 
 def test_bits_per_byte_is_the_texts_nats_over_its_bytes(small_docs):

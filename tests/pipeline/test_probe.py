@@ -95,7 +95,6 @@ def test_probe_reads_a_keyword_from_random_features_and_changes_nothing(family, 
     probe = Probe(
         [keyword_task(folders["sst2"])],
         tokenizer,
-        kind,
         seq_len=64,
         train_examples=100,
         dev_examples=100,

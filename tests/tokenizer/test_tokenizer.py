@@ -3,7 +3,7 @@ import json
 import random
 
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 
 import tokenizer.spec as spec_module
 from tests.conftest import ListCorpus
@@ -12,10 +12,12 @@ from tokenizer import (
     MissingSpecialTokensError,
     TokenizerLoadError,
     TokenizerSpec,
+    UnsupportedTokenizerError,
     get_tokenizer,
     load_tokenizer,
     special_ids,
     tokenizer_cache_path,
+    tokenizer_kind,
     train_tokenizer,
 )
 from tokenizer.build import batched
@@ -45,7 +47,7 @@ def bpe(small_docs):
 
 
 def test_wordpiece_has_bert_specials_with_pad_zero(wordpiece):
-    ids = special_ids(wordpiece, "wordpiece")
+    ids = special_ids(wordpiece)
     assert ids.pad == 0
     assert len({ids.pad, ids.unk, ids.cls, ids.sep, ids.mask}) == 5
     assert 500 < wordpiece.get_vocab_size() <= 2000
@@ -93,7 +95,7 @@ def test_bpe_round_trips_random_code_points(bpe):
 
 
 def test_bpe_never_unknown_and_has_eot(bpe):
-    ids = special_ids(bpe, "bpe")
+    ids = special_ids(bpe)
     assert ids.eot == ids.pad
     enc = bpe.encode("never seen: ꙮ 🦜 \u2603")
     assert None not in enc.ids and all(0 <= i < bpe.get_vocab_size() for i in enc.ids)
@@ -117,7 +119,7 @@ def test_load_directory_and_vocab_txt(tmp_path, wordpiece):
     from_vocab = load_tokenizer(tmp_path)  # a directory holding vocab.txt
     text = "the interpreter evaluates expressions"
     assert from_vocab.encode(text, "and pairs").ids == wordpiece.encode(text, "and pairs").ids
-    assert special_ids(from_vocab, "wordpiece") == special_ids(wordpiece, "wordpiece")
+    assert special_ids(from_vocab) == special_ids(wordpiece)
 
 
 def test_missing_path_gives_clear_error(tmp_path):
@@ -140,12 +142,26 @@ def test_hub_name_offline_gives_clear_error(monkeypatch):
         load_tokenizer("bert-base-uncased")
 
 
-def test_loaded_tokenizer_without_specials_is_refused(tmp_path, bpe):
+def test_loaded_tokenizer_without_specials_is_refused(tmp_path):
     path = tmp_path / "tokenizer.json"
-    bpe.save(str(path))
+    Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(path))
     spec = TokenizerSpec(kind="wordpiece", path=str(path))
     with pytest.raises(MissingSpecialTokensError, match=r"\[CLS\]"):
         get_tokenizer(spec, ListCorpus(["unused"]), tmp_path / "cache")
+
+
+def test_the_kind_is_read_from_the_tokenizer_and_a_loaded_one_of_another_kind_is_refused(
+    tmp_path, wordpiece, bpe
+):
+    assert (tokenizer_kind(wordpiece), tokenizer_kind(bpe)) == ("wordpiece", "bpe")
+    path = tmp_path / "tokenizer.json"
+    bpe.save(str(path))
+    spec = TokenizerSpec(kind="wordpiece", path=str(path))
+    with pytest.raises(UnsupportedTokenizerError, match="is a bpe tokenizer, but this run needs"):
+        get_tokenizer(spec, ListCorpus(["unused"]), tmp_path / "cache")
+    word_level = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    with pytest.raises(UnsupportedTokenizerError, match="is a WordLevel model; only WordPiece"):
+        special_ids(word_level)
 
 
 def test_empty_corpus_is_an_error(tmp_path):
