@@ -40,7 +40,7 @@ class SpecialIds:
 
 
 def tokenizer_kind(tokenizer: Tokenizer) -> str:
-    """ "wordpiece" or "bpe": the kind of `tokenizer`, read from its model type.
+    """The kind of `tokenizer`, "wordpiece" or "bpe", read from its `tokenizers` model type.
 
     Raises:
         UnsupportedTokenizerError: the tokenizer is of another model type (Unigram, WordLevel).
