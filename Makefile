@@ -106,7 +106,7 @@ bench-models: $(STAMP)  ## Training-step tokens/s of our models vs transformers,
 bench-data: $(STAMP)  ## Token-store MB/s vs raw tokenizer, loader batches/s (QUICK=1: short)
 	$(PRELOAD) $(PY) bench/bench_data.py $(if $(QUICK),--quick) --out outputs/bench/data.json $(ARGS)
 
-bench-loss: $(STAMP)  ## Time to loss: make pretrain vs a transformers loop, same budget (QUICK=1: short; ARGS="--recipe optim=muon")
+bench-loss: $(STAMP)  ## Time to loss: make pretrain vs a transformers loop, same budget (QUICK=1: short; ARGS="--recipe K=V ..." replaces the best recipe)
 	$(PRELOAD) $(PY) bench/bench_time_to_loss.py $(if $(QUICK),--quick) --out outputs/bench/time_to_loss.json $(ARGS)
 
 bench-gpu: $(STAMP)  ## GPU only: bf16 BERT-base / GPT-124M tokens/s, MFU, memory vs transformers

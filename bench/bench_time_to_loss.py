@@ -23,8 +23,9 @@ completes in the budget, and a faster side trains more steps:
    validation loss was logged.
 
 5. Ours with our best recipe: the schedule paced to the budget (`trainer.budget`, no timing
-   run needed) plus the model's entry of `RECIPES` (`--recipe KEY=VALUE` to try others, e.g.
-   `--recipe optim=muon`; `--no-recipe` to skip), with the same validations. Target: <= 0.40.
+   run needed) plus the model's entry of `RECIPES` (`--recipe KEY=VALUE`, repeated, replaces the
+   whole entry, e.g. `--recipe optim=muon --recipe optim.lr=1e-3`; `--no-recipe` to skip),
+   with the same validations. Target: <= 0.40.
 
 Reported per model: the final validation loss of each, the steps and wall time each took, and
 the time ours needed to first reach the reference's final loss (linear between validations), as
@@ -101,7 +102,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="the best recipe's overrides besides its time budget (repeatable; replaces the "
-        "built-in ones, e.g. --recipe optim=muon)",
+        "built-in ones, e.g. --recipe optim=muon --recipe optim.lr=1e-3)",
     )
     parser.add_argument("--no-recipe", action="store_true", help="skip the best-recipe run")
     parser.add_argument(

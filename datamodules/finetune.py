@@ -1,6 +1,6 @@
 """`FinetuneDataModule`: the LightningDataModule of fine-tuning on a `TaskSpec` task.
 
-    dm = FinetuneDataModule(spec, tokenizer, "wordpiece", max_seq_len=128)
+    dm = FinetuneDataModule(spec, tokenizer, max_seq_len=128)
     dm.setup()
     dm.num_labels, dm.label_to_id, dm.eval_splits     # e.g. 3, {...}, ["dev_matched", ...]
     trainer.fit(module, datamodule=dm)

@@ -1,6 +1,6 @@
 """`PretrainDataModule`: the LightningDataModule of BERT (MLM + NSP) and GPT (causal LM) runs.
 
-    dm = PretrainDataModule(corpus, tokenizer, "wordpiece", MaskedLMObjective(), cache_dir)
+    dm = PretrainDataModule(corpus, tokenizer, MaskedLMObjective(), cache_dir)
     trainer.fit(module, datamodule=dm)
 
 - `prepare_data` (Lightning runs it on local rank 0) builds the token stores if they are missing

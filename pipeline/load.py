@@ -311,11 +311,18 @@ def _load_hf_folder(folder: Path) -> Pretrained:
     except TokenizerLoadError as err:
         raise CheckpointLoadError(f"{folder}: {err}") from err
     try:
-        tokenizer_kind(tokenizer)
+        kind = tokenizer_kind(tokenizer)
     except UnsupportedTokenizerError as err:
         raise CheckpointLoadError(f"{folder}: {err}") from err
+    family = family_of_model(model)
+    if kind != family.tokenizer_kind:
+        raise CheckpointLoadError(
+            f"{folder}: the model is a {family.name} model, which reads {family.tokenizer_kind} "
+            f"tokens, but the folder's tokenizer is a {kind} one; put the tokenizer the model "
+            "was trained with (its tokenizer.json) in the folder"
+        )
     _check_vocab(folder, tokenizer, model.config.vocab_size)
-    return Pretrained(family_of_model(model).name, model, tokenizer, folder)
+    return Pretrained(family.name, model, tokenizer, folder)
 
 
 def _hf_lowercase(folder: Path) -> bool:

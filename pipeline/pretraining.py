@@ -190,7 +190,7 @@ def resumed_tokenizer(resumed: CheckpointSource | None, cfg: DictConfig) -> Toke
     if any(record.config.get(key) != ours.get(key) for key in ("tokenizer", "data")):
         return None
     log.info("resuming with the tokenizer stored in the checkpoint")
-    return Tokenizer.from_str(record.tokenizer["json"])
+    return record.stored_tokenizer(resumed.path)
 
 
 def train(cfg: DictConfig, plan: RunPlan) -> None:

@@ -87,7 +87,13 @@ def get_tokenizer(
     """
     if spec.path:
         tokenizer = load_tokenizer(spec.path, lowercase=spec.lowercase)
-        kind = tokenizer_kind(tokenizer)
+        try:
+            kind = tokenizer_kind(tokenizer)
+        except UnsupportedTokenizerError as err:
+            raise UnsupportedTokenizerError(
+                f"tokenizer.path={spec.path!r}: {err}; point it at a {spec.kind} tokenizer, or "
+                "set tokenizer.path=null to train one"
+            ) from err
         if kind != spec.kind:
             raise UnsupportedTokenizerError(
                 f"tokenizer.path={spec.path!r} is a {kind} tokenizer, but this run needs "

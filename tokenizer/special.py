@@ -47,10 +47,9 @@ def tokenizer_kind(tokenizer: Tokenizer) -> str:
     """
     model_type = type(tokenizer.model).__name__
     if model_type not in KIND_OF_MODEL:
-        known = ", ".join(f"{model} ({kind})" for model, kind in KIND_OF_MODEL.items())
         raise UnsupportedTokenizerError(
-            f"the tokenizer is a {model_type} model; only {known} tokenizers are supported "
-            "(train one with tokenizer.path=null)"
+            f"the tokenizer is a {model_type} model; only WordPiece (BERT) and BPE (GPT) "
+            "tokenizers are supported"
         )
     return KIND_OF_MODEL[model_type]
 

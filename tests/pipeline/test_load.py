@@ -171,6 +171,13 @@ def test_hf_folder_without_tokenizer(tmp_path):
         load_pretrained(tmp_path)
 
 
+def test_hf_folder_whose_tokenizer_is_of_another_kind_than_its_model(tmp_path):
+    export_hf(tiny_model("gpt", trained_tokenizer("bpe")), tmp_path)
+    trained_tokenizer("wordpiece").save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(CheckpointLoadError, match="a gpt model, which reads bpe tokens, but the"):
+        load_pretrained(tmp_path)
+
+
 def test_expect_family(tmp_path):
     _, _, ckpt = write_run(tmp_path, "bert")
     loaded = load_pretrained(ckpt)

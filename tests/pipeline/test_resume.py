@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from models.config import BertConfig
 from pipeline.checkpoint_record import CheckpointRecord
 from pipeline.checkpoints import check_compatible, newest_checkpoint
 from pipeline.config import check_config
-from pipeline.load import CheckpointLoadError
-from pipeline.pretraining import train
+from pipeline.load import CheckpointLoadError, CheckpointSource
+from pipeline.pretraining import resumed_tokenizer, train
 from tests.conftest import (
     CLI_ENV,
     REPO,
@@ -527,3 +528,17 @@ def test_a_phased_run_resumes_exactly_before_at_and_after_its_switch(shared_runs
         )
         weights, reference_weights = final["state_dict"], reference_final["state_dict"]
         assert all(torch.equal(weights[k], reference_weights[k]) for k in reference_weights)
+
+
+def test_a_resumed_checkpoint_with_a_damaged_tokenizer_is_named(tmp_path):
+    cfg = compose_pretrain("model=bert-tiny", f"paths.output_dir={tmp_path}")
+    contents = {
+        "config": OmegaConf.to_container(cfg, resolve=True),  # the same tokenizer and data
+        "tokenizer": {"kind": "wordpiece", "json": "{not json"},
+    }
+    resumed = CheckpointSource(tmp_path / "last.ckpt", contents)
+    with pytest.raises(CheckpointLoadError, match=r"last\.ckpt: the stored tokenizer cannot be"):
+        resumed_tokenizer(resumed, cfg)
+    del contents["tokenizer"]["json"]
+    with pytest.raises(CheckpointLoadError, match=r"last\.ckpt: tokenizer\['json'\] is missing"):
+        resumed_tokenizer(CheckpointSource(tmp_path / "last.ckpt", contents), cfg)

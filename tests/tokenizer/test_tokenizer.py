@@ -162,6 +162,13 @@ def test_the_kind_is_read_from_the_tokenizer_and_a_loaded_one_of_another_kind_is
     word_level = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
     with pytest.raises(UnsupportedTokenizerError, match="is a WordLevel model; only WordPiece"):
         special_ids(word_level)
+    word_level.save(str(path))
+    with pytest.raises(
+        UnsupportedTokenizerError,
+        match=r"tokenizer\.path=.*tokenizer\.json.*"
+        r"WordLevel model.*set tokenizer\.path=null to train one",
+    ):
+        get_tokenizer(spec, ListCorpus(["unused"]), tmp_path / "cache")
 
 
 def test_empty_corpus_is_an_error(tmp_path):
