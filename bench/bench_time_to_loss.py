@@ -77,7 +77,8 @@ RECIPE_TARGET = 0.40  # ... and ours with our best recipe, in at most this share
 # Then, in steps to the reference's loss on a fixed 240-step schedule (one seed), a higher rate
 # with a shorter warmup: BERT 67.6 steps at lr 1e-3 and 10% warmup, 53.7 at lr 2e-3 and 2% (64.0 at
 # 3e-3); GPT more than 83 at lr 1e-3 and 5%, 60.4 at 2e-3 and 2%, 56.3 at 3e-3 and 2%.
-# This bench with them, that afternoon (one seed): 0.405 (BERT) / 0.36 (GPT).
+# This bench with them, that afternoon: 0.405 (BERT) / 0.36 (GPT); BERT again: 0.502 (and 0.453
+# for the same-recipe row): BERT's figures move more between runs than between recipes.
 RECIPES: dict[str, list[str]] = {
     "bert": ["optim=muon", "optim.lr=2e-3", "schedule.warmup_ratio=0.02"],
     "gpt": ["optim=muon", "optim.lr=3e-3", "schedule.warmup_ratio=0.02"],
