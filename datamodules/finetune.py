@@ -20,11 +20,24 @@ Batches (T = longest sequence of the batch, right padding with the tokenizer's p
     token_type_ids (B, T) int64   0 for padding
     labels         (B,)   int64 class ids, or float32 targets for regression
     example_index  (B,)   int64   position of the example in its split (`examples(split)`)
+    scored         (B,)   bool    only in a DDP rank's evaluation batch that holds a `Repeat`:
+                                  False for the repeated examples, which are not scored
 
 `train_dataloader()` reshuffles every epoch from (seed, epoch); `val_dataloader()` returns one
 loader per evaluation split, in `eval_splits` order, so that MNLI matched and mismatched are never
 mixed; `predict_dataloader()` one per unlabelled split of `predict_task` (labels -1, or NaN for
 regression).
+
+Several processes (DDP): the module shards its data itself (its samplers are
+`DistributedSampler`s, which Lightning leaves as they are). Each rank trains on every
+world-th example of the epoch's order and evaluates every world-th example of each split; a
+rank whose share is one short repeats an example to keep the ranks' batch counts equal, and
+marks it `Repeat` so that it is not scored: every evaluation example counts exactly once.
+
+Pairs read apart (`siamese=True`, pair tasks): each text of a pair is its own sequence
+(`[CLS] A [SEP]`, `[CLS] B [SEP]`; GPT `A <eot>`, `B <eot>`), and a batch of B pairs holds 2B
+rows, rows 2i and 2i+1 the two texts of its i-th pair (`PairCollator`); `labels`,
+`example_index` and `scored` stay one per pair.
 
 Long documents (`task.long_text`, single-text tasks): in "truncate" mode each document is cut
 to one sequence (head, or head+tail) and batched as above. In "window" mode each document
@@ -45,7 +58,8 @@ import lightning as L
 import numpy as np
 import torch
 from tokenizers import Tokenizer, processors
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
 
 from datamodules.long_text import chunk_document, sample_chunks, truncate
 from datamodules.task_files import Example, read_examples, task_examples
@@ -109,9 +123,10 @@ class PadCollator:
     def __init__(self, split: EncodedSplit, pad_id: int) -> None:
         self.split, self.pad_id = split, pad_id
 
-    def __call__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+    def __call__(self, items: Sequence[int]) -> dict[str, torch.Tensor]:
         split = self.split
-        starts, ends = split.offsets[indices], split.offsets[np.asarray(indices) + 1]
+        indices = np.fromiter(items, dtype=np.int64, count=len(items))
+        starts, ends = split.offsets[indices], split.offsets[indices + 1]
         width = int((ends - starts).max())
         input_ids = np.full((len(indices), width), self.pad_id, dtype=np.int64)
         type_ids = np.zeros((len(indices), width), dtype=np.int64)
@@ -121,13 +136,14 @@ class PadCollator:
             input_ids[row, :n] = split.ids[start:end]
             type_ids[row, :n] = split.type_ids[start:end]
             mask[row, :n] = 1
-        return {
+        batch = {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(mask),
             "token_type_ids": torch.from_numpy(type_ids),
             "labels": torch.from_numpy(split.labels[indices]),
-            "example_index": torch.as_tensor(indices, dtype=torch.int64),
+            "example_index": torch.from_numpy(indices),
         }
+        return with_scored(batch, items)
 
 
 class ChunkedSplit(Dataset):
@@ -180,31 +196,103 @@ class ChunkCollator:
         batch["chunk_doc"] = torch.as_tensor(chunk_doc, dtype=torch.int64)
         batch["labels"] = torch.from_numpy(self.split.labels[docs])
         batch["example_index"] = torch.as_tensor(docs, dtype=torch.int64)
-        return batch
+        return with_scored(batch, items)
 
 
-class EpochShuffleSampler(Sampler[int]):
-    """A permutation of range(n) that is a pure function of (seed, epoch).
+class PairedSplit(Dataset):
+    """The examples of a pair task with their two texts encoded apart (a siamese head): rows
+    2i and 2i+1 of `texts` are the texts of example i. Items are example indices;
+    `PairCollator` turns a list of them into a batch of 2B rows."""
+
+    def __init__(self, texts: EncodedSplit, labels: np.ndarray) -> None:
+        self.texts, self.labels = texts, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class PairCollator:
+    """A batch of B pairs as 2B right-padded rows (each pair's two texts side by side), with
+    one label and `example_index` per pair."""
+
+    def __init__(self, split: PairedSplit, pad_id: int) -> None:
+        self.split = split
+        self.pad = PadCollator(split.texts, pad_id)
+
+    def __call__(self, items: Sequence[int]) -> dict[str, torch.Tensor]:
+        examples = np.fromiter(items, dtype=np.int64, count=len(items))
+        batch = self.pad(np.stack([2 * examples, 2 * examples + 1], axis=1).reshape(-1).tolist())
+        batch["labels"] = torch.from_numpy(self.split.labels[examples])
+        batch["example_index"] = torch.from_numpy(examples)
+        return with_scored(batch, items)
+
+
+# --- sharding across processes (DDP) ---------------------------------------------------------------
+
+
+class Repeat(int):
+    """An example index that a rank's evaluation share repeats only so that every rank runs
+    the same number of batches; it is batched like any other and not scored."""
+
+
+def with_scored(batch: dict[str, torch.Tensor], items: Sequence) -> dict[str, torch.Tensor]:
+    """`batch` with a `scored` mask (False for `Repeat` items) if any item is a `Repeat`."""
+    if any(isinstance(item, Repeat) for item in items):
+        batch["scored"] = torch.tensor([not isinstance(item, Repeat) for item in items])
+    return batch
+
+
+def rank_share(items: list, rank: int, world: int, repeat=lambda item: item) -> list:
+    """Rank `rank`'s share of `items` among `world` processes: every world-th item from
+    position `rank`, after `items` is padded to a multiple of `world` with its own first
+    items (each passed through `repeat`), so that every rank gets ceil(len / world) items."""
+    short = -len(items) % world
+    padded = items + [repeat(items[i % len(items)]) for i in range(short)]
+    return padded[rank::world]
+
+
+class EpochShuffleSampler(DistributedSampler):
+    """A permutation of range(n) that is a pure function of (seed, epoch), shared out among
+    `world` processes (`rank_share`; the permutation is the same on every rank).
 
     Lightning calls `set_epoch` before each training epoch; used outside Lightning, each
     iteration moves on to the next epoch's order by itself. With `with_epoch`, items are
     (index, epoch) pairs (for per-epoch chunk sampling in the collator, also in workers).
     """
 
-    def __init__(self, n: int, seed: int, with_epoch: bool = False) -> None:
-        self.n, self.seed, self.epoch, self.with_epoch = n, seed, 0, with_epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(
+        self, n: int, seed: int, with_epoch: bool = False, *, rank: int = 0, world: int = 1
+    ) -> None:
+        super().__init__(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+        self.n, self.with_epoch = n, with_epoch
 
     def __iter__(self) -> Iterator:
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist()
         epoch = self.epoch
         self.epoch += 1
-        return iter([(i, epoch) for i in order] if self.with_epoch else order)
+        items = [(i, epoch) for i in order] if self.with_epoch else order
+        return iter(rank_share(items, self.rank, self.num_replicas))
 
     def __len__(self) -> int:
-        return self.n
+        return -(-self.n // self.num_replicas)
+
+
+class EvalShardSampler(DistributedSampler):
+    """range(n) in order, shared out among `world` processes (`rank_share`); the items a rank
+    repeats to fill its share are `Repeat`s, so that every example is scored exactly once."""
+
+    def __init__(self, n: int, *, rank: int = 0, world: int = 1) -> None:
+        super().__init__(range(n), num_replicas=world, rank=rank, shuffle=False)
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(rank_share(list(range(self.n)), self.rank, self.num_replicas, Repeat))
+
+    def __len__(self) -> int:
+        return -(-self.n // self.num_replicas)
 
 
 class FinetuneDataModule(L.LightningDataModule):
@@ -228,6 +316,8 @@ class FinetuneDataModule(L.LightningDataModule):
         predict_task: the spec of the unlabelled splits served by `predict_dataloader()`
             (`TaskSpec.prediction_spec()`); None: none.
         label_map: the label map to use (a fine-tuned model's); None: from the task.
+        siamese: encode the two texts of a pair apart (`PairedSplit`), for a siamese head;
+            ignored by single-text tasks.
     """
 
     def __init__(
@@ -245,21 +335,20 @@ class FinetuneDataModule(L.LightningDataModule):
         eval_examples: int | None = None,
         predict_task: TaskSpec | None = None,
         label_map: LabelMap | None = None,
+        siamese: bool = False,
     ) -> None:
         super().__init__()
         self.tokenizer_kind = tokenizer_kind(tokenizer)
+        self.siamese = siamese and task.is_pair
         if task.long_text is not None and task.is_pair:
             raise TaskDataError(
                 f"task {task.name!r}: task.long_text handles single-text tasks; this task has "
                 f"two text columns {task.text_columns}. Set task.long_text=null"
             )
-        # [CLS] A [SEP] (B [SEP]) for BERT; A <eot> (B <eot>) for GPT
-        specials = (
-            (3 if task.is_pair else 2)
-            if self.tokenizer_kind == "wordpiece"
-            else len(task.text_columns)
-        )
-        floor = specials + len(task.text_columns)
+        # [CLS] A [SEP] (B [SEP]) for BERT; A <eot> (B <eot>) for GPT; one text a row if siamese
+        texts = 1 if self.siamese else len(task.text_columns)
+        specials = 1 + texts if self.tokenizer_kind == "wordpiece" else texts
+        floor = specials + texts
         if max_seq_len < floor:
             raise TaskDataError(
                 f"datamodule.max_seq_len={max_seq_len} leaves no room for the texts of task {task.name!r}: "
@@ -287,7 +376,7 @@ class FinetuneDataModule(L.LightningDataModule):
         )
         self.predict_task = predict_task
         self._examples: dict[str, list[Example]] = {}
-        self._encoded: dict[str, EncodedSplit | ChunkedSplit] = {}
+        self._encoded: dict[str, EncodedSplit | ChunkedSplit | PairedSplit] = {}
         self._label_map: LabelMap | None = label_map
         self._sampler: EpochShuffleSampler | None = None
         if task.long_text is not None:
@@ -320,6 +409,15 @@ class FinetuneDataModule(L.LightningDataModule):
     @property
     def num_labels(self) -> int:
         return self.label_map.num_labels
+
+    def regression_target(self) -> tuple[float, float]:
+        """(mean, std) of the training split's targets for a regression task, which the head
+        predicts in standardized form; (0, 1) for classification or constant targets."""
+        if not self.task.is_regression:
+            return (0.0, 1.0)
+        targets = self._split(self.task.train_split).labels
+        std = float(targets.std())
+        return (float(targets.mean()), std if std > 0 else 1.0)
 
     @property
     def predict_splits(self) -> list[str]:
@@ -368,10 +466,23 @@ class FinetuneDataModule(L.LightningDataModule):
             if split not in self._encoded:
                 self._encoded[split] = self._encode(split)
 
+    def process_share(self) -> tuple[int, int]:
+        """(rank, world size) of the trainer this module is attached to; (0, 1) outside one."""
+        trainer = self.trainer
+        return (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
+
     def train_dataloader(self) -> DataLoader:
         split = self._split(self.task.train_split)
-        if self._sampler is None or self._sampler.n != len(split):
-            self._sampler = EpochShuffleSampler(len(split), self.seed, with_epoch=self.chunked)
+        rank, world = self.process_share()
+        sampler = self._sampler
+        if sampler is None or (sampler.n, sampler.rank, sampler.num_replicas) != (
+            len(split),
+            rank,
+            world,
+        ):
+            self._sampler = EpochShuffleSampler(
+                len(split), self.seed, with_epoch=self.chunked, rank=rank, world=world
+            )
         return DataLoader(
             split,
             batch_size=self.batch_size,
@@ -391,15 +502,18 @@ class FinetuneDataModule(L.LightningDataModule):
         """An in-order loader of a split read by `setup()` (any split: a probe reads the
         training split in order too)."""
         split = self._split(name)
+        rank, world = self.process_share()
         return DataLoader(
             split,
             batch_size=self.eval_batch_size,
-            shuffle=False,
+            sampler=EvalShardSampler(len(split), rank=rank, world=world),
             collate_fn=self._collator(split),
             num_workers=self.num_workers,
         )
 
-    def _collator(self, split: EncodedSplit | ChunkedSplit):
+    def _collator(self, split: EncodedSplit | ChunkedSplit | PairedSplit):
+        if isinstance(split, PairedSplit):
+            return PairCollator(split, self.pad_id)
         if isinstance(split, ChunkedSplit):
             assert self.task.long_text is not None
             return ChunkCollator(split, self.pad_id, self.seed, self.task.long_text.train_chunks)
@@ -407,7 +521,7 @@ class FinetuneDataModule(L.LightningDataModule):
 
     # --- reading and encoding -------------------------------------------------------------------
 
-    def _split(self, name: str) -> EncodedSplit | ChunkedSplit:
+    def _split(self, name: str) -> EncodedSplit | ChunkedSplit | PairedSplit:
         if name not in self._encoded:
             raise RuntimeError(f"split {name!r} is not loaded: call setup() first")
         return self._encoded[name]
@@ -438,13 +552,20 @@ class FinetuneDataModule(L.LightningDataModule):
         to_id = self.label_to_id
         return np.array([to_id[e.label] if labelled else -1 for e in examples], dtype=np.int64)
 
-    def _encode(self, split: str, labelled: bool = True) -> EncodedSplit | ChunkedSplit:
+    def _encode(
+        self, split: str, labelled: bool = True
+    ) -> EncodedSplit | ChunkedSplit | PairedSplit:
         examples = self._examples[split]
         labels = self._labels(examples, labelled)
         if self.task.long_text is not None:
             return self._encode_long(split, examples, labels)
-        inputs = [e.texts if len(e.texts) == 2 else e.texts[0] for e in examples]
-        encodings = self._tokenizer.encode_batch(inputs)
+        if self.siamese:  # each text its own sequence, rows 2i and 2i+1 for example i
+            firsts = self._tokenizer.encode_batch([e.texts[0] for e in examples])
+            seconds = self._tokenizer.encode_batch([e.texts[1] for e in examples])
+            encodings = [enc for pair in zip(firsts, seconds, strict=True) for enc in pair]
+        else:
+            inputs = [e.texts if len(e.texts) == 2 else e.texts[0] for e in examples]
+            encodings = self._tokenizer.encode_batch(inputs)
         ids = [enc.ids for enc in encodings]
         if self.tokenizer_kind == "wordpiece":
             type_ids = [enc.type_ids for enc in encodings]
@@ -452,13 +573,16 @@ class FinetuneDataModule(L.LightningDataModule):
             type_ids = [[0] * len(x) for x in ids]
         truncated = sum(len(x) >= self.max_seq_len for x in ids)
         log.info(
-            "%s/%s: %d examples encoded, %d at max_seq_len=%d (possibly truncated)",
+            "%s/%s: %d examples encoded%s, %d sequences at max_seq_len=%d (possibly truncated)",
             self.task.name,
             split,
             len(examples),
+            " (texts apart)" if self.siamese else "",
             truncated,
             self.max_seq_len,
         )
+        if self.siamese:
+            return PairedSplit(EncodedSplit(ids, type_ids, np.repeat(labels, 2)), labels)
         return EncodedSplit(ids, type_ids, labels)
 
     def _encode_long(

@@ -5,6 +5,14 @@ Shapes: B batch, T tokens, D width, C outputs (classes, or 1 for regression).
 - BERT: the pooled [CLS] state (dense + tanh, pre-trained with NSP), as in Devlin et al.
 - GPT: the final hidden state of the last real (non-padding) token, the only position that has
   seen the whole sequence under causal attention.
+- Either, with `pooling="mean"`: the mean of the last-layer states of the real tokens, which
+  needs no trained pooler (Sentence-BERT found it the best pooling for sentence features).
+
+Text pairs are read jointly (one sequence `A [SEP] B`, a cross-encoder, as BERT does) or, with
+`siamese=True`, apart: each text is its own sequence through the shared backbone, and the head
+reads [u, v, |u - v|, u * v] of their features u and v (InferSent, the GLUE baselines' pair
+encoder and Sentence-BERT). The elementwise terms compare the two texts directly, which a small
+or briefly pretrained cross-encoder has not learned to do.
 """
 
 from __future__ import annotations
@@ -18,13 +26,18 @@ from models.gpt import GPT, GPTModel
 from models.pooling import ChunkAttentionPooling, aggregate_chunk_logits
 
 __all__ = [
+    "POOLINGS",
     "DocumentClassifier",
     "SequenceClassifier",
     "backbone_of",
     "last_token_index",
     "mean_token_states",
+    "pair_features",
     "sequence_loss",
 ]
+
+
+POOLINGS = (None, "mean")  # None: the family's own (BERT's pooled [CLS], GPT's last token)
 
 
 def backbone_of(model: BertModel | GPTModel | BertForPreTraining | GPT) -> BertModel | GPTModel:
@@ -76,13 +89,22 @@ class SequenceClassifier(nn.Module):
     """A backbone plus dropout and a linear layer to C outputs.
 
     `n_outputs == 1` makes it a regression head (e.g. STS-B), scored with MSE by
-    `sequence_loss`; otherwise logits over C classes.
+    `sequence_loss`; otherwise logits over C classes. A regression head's linear layer predicts
+    the standardized target: the output is `mean + std * linear(...)` with the (mean, std) of
+    the training targets, so a fresh head predicts their mean, and each optimizer step moves
+    the prediction in the targets' own units (STS-B's 0-5). Without it, a new head (bias 0,
+    weights ~0.02) on a fine-tuning budget of a few hundred steps at lr 1e-4 cannot even reach
+    the targets' mean.
 
     Args:
         backbone: `BertModel` or `GPTModel`, or the pre-training model wrapping one
             (`BertForPreTraining`, `GPT`), whose backbone is kept and whose LM heads are dropped.
         n_outputs: C.
         dropout: dropout before the linear layer (BERT fine-tuning uses 0.1).
+        pooling: None for the family's own sequence features, "mean" for the mean token state.
+        siamese: the input rows come in pairs, rows 2i and 2i+1 the two texts of example i;
+            the head scores [u, v, |u - v|, u * v] of each pair (B examples from 2B rows).
+        target: (mean, std) of the regression targets (ignored for classification).
         init_std: std of the normal initialization of the new linear layer.
     """
 
@@ -92,16 +114,26 @@ class SequenceClassifier(nn.Module):
         n_outputs: int,
         *,
         dropout: float = 0.1,
+        pooling: str | None = None,
+        siamese: bool = False,
+        target: tuple[float, float] = (0.0, 1.0),
         init_std: float = 0.02,
     ) -> None:
         super().__init__()
         backbone = backbone_of(backbone)
         if n_outputs < 1:
             raise ValueError(f"n_outputs must be >= 1 (1 = regression), got {n_outputs}")
+        if not target[1] > 0:
+            raise ValueError(f"the regression target's std must be > 0, got {target[1]}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be null (the model's own) or 'mean', got {pooling!r}")
         self.backbone = backbone
         self.n_outputs = n_outputs
+        self.pooling, self.siamese = pooling, siamese
+        self.target_mean, self.target_std = (float(t) for t in target)
         self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(backbone.config.d_model, n_outputs)
+        width = backbone.config.d_model * (4 if siamese else 1)
+        self.classifier = nn.Linear(width, n_outputs)
         self.init_std = init_std
         self.init_weights()
 
@@ -118,20 +150,22 @@ class SequenceClassifier(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Scores per sequence.
+        """Scores per sequence (per pair of sequences when siamese).
 
         Args:
-            input_ids: (B, T).
-            attention_mask: (B, T) 1 = real token; padding may be on either side for GPT.
-            token_type_ids: (B, T) segment ids (BERT only; ignored by GPT).
+            input_ids: (N, T); siamese: N = 2B, rows 2i and 2i+1 the two texts of example i.
+            attention_mask: (N, T) 1 = real token; padding may be on either side for GPT.
+            token_type_ids: (N, T) segment ids (BERT only; ignored by GPT).
 
         Returns:
             (B, C) logits, or (B, 1) regression values.
         """
-        features_BD = self.features(
+        features_ND = self.features(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
         )
-        return self.classify(features_BD)
+        if self.siamese:
+            return self.classify(pair_features(features_ND))
+        return self.classify(features_ND)
 
     def features(
         self,
@@ -140,7 +174,12 @@ class SequenceClassifier(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """(B, D) sequence features the head reads: BERT's pooled [CLS], GPT's last token."""
+        """(N, D) features of each sequence: BERT's pooled [CLS] or GPT's last token, or with
+        `pooling="mean"` the mean state of its real tokens."""
+        if self.pooling == "mean":
+            if attention_mask is None:
+                attention_mask = torch.ones_like(input_ids)
+            return mean_token_states(self.backbone, input_ids, attention_mask, token_type_ids)
         if isinstance(self.backbone, BertModel):
             return self.backbone(
                 input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
@@ -152,8 +191,20 @@ class SequenceClassifier(nn.Module):
         return h_BTD[rows, last_token_index(attention_mask)]
 
     def classify(self, features_BD: torch.Tensor) -> torch.Tensor:
-        """(B, D) features -> (B, C) scores (dropout, then the linear layer)."""
-        return self.classifier(self.dropout(features_BD))
+        """(B, D) features (B, 4D when siamese) -> (B, C) scores (dropout, then the linear
+        layer; for regression in the targets' units)."""
+        scores_BC = self.classifier(self.dropout(features_BD))
+        if self.n_outputs == 1:
+            return self.target_mean + self.target_std * scores_BC
+        return scores_BC
+
+
+def pair_features(features_ND: torch.Tensor) -> torch.Tensor:
+    """(2B, D) features of B text pairs (rows 2i, 2i+1) -> (B, 4D) [u, v, |u - v|, u * v]."""
+    if features_ND.shape[0] % 2:
+        raise ValueError(f"a siamese batch holds pairs of rows, got {features_ND.shape[0]} rows")
+    u_BD, v_BD = features_ND[0::2], features_ND[1::2]
+    return torch.cat([u_BD, v_BD, (u_BD - v_BD).abs(), u_BD * v_BD], dim=-1)
 
 
 class DocumentClassifier(nn.Module):

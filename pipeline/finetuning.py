@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from datamodules.finetune import FinetuneDataModule
 from datamodules.tasks import LabelMap, TaskSpec, save_labels
 from models.config import BertConfig, GPTConfig
+from models.heads import POOLINGS
 from pipeline.checkpoints import AtomicCheckpointIO, CheckpointExtras
 from pipeline.cli import command_overrides
 from pipeline.config import ConfigError
@@ -134,23 +135,45 @@ def build_datamodule(
     *,
     label_map: LabelMap | None = None,
     predict_task: TaskSpec | None = None,
+    siamese: bool = False,
 ) -> FinetuneDataModule:
-    """The task's datamodule with the `datamodule` settings of the config."""
+    """The task's datamodule with the `datamodule` settings of the config; `siamese`: a pair
+    task's texts encoded apart, for a siamese head."""
     return FinetuneDataModule(
         task,
         tokenizer,
         seed=seed,
         label_map=label_map,
         predict_task=predict_task,
+        siamese=siamese,
         **settings,
     )
 
 
-def head_spec(cfg: DictConfig, task: TaskSpec, label_map: LabelMap) -> HeadSpec:
+def head_spec(cfg: DictConfig, task: TaskSpec, datamodule: FinetuneDataModule) -> HeadSpec:
+    """The head of `cfg.head` for `task` (`head.siamese` applies to pair tasks only), with the
+    labels and regression target of the datamodule's training split."""
     aggregate = None
     if task.long_text is not None and task.long_text.mode == "window":
         aggregate = task.long_text.aggregate
-    return HeadSpec(task.name, label_map, tuple(task.ordered_metrics), aggregate, cfg.head.dropout)
+    pooling = cfg.head.get("pooling")
+    if pooling not in POOLINGS:
+        raise ConfigError(f"head.pooling={pooling!r} is not known; use head.pooling=null or mean")
+    return HeadSpec(
+        task.name,
+        datamodule.label_map,
+        tuple(task.ordered_metrics),
+        aggregate,
+        cfg.head.dropout,
+        pooling=pooling,
+        siamese=reads_pairs_apart(cfg, task),
+        target=datamodule.regression_target(),
+    )
+
+
+def reads_pairs_apart(cfg: DictConfig, task: TaskSpec) -> bool:
+    """Whether the task's texts are encoded apart: `head.siamese` on a pair task."""
+    return bool(cfg.head.get("siamese")) and task.is_pair
 
 
 # --- make finetune -------------------------------------------------------------------------------
@@ -181,7 +204,9 @@ def finetune(
     check_fits(cfg.datamodule.max_seq_len, backbone.config)
     if cfg.from_scratch:
         backbone = reinitialize(backbone)
-    datamodule = build_datamodule(task, tokenizer, dict(cfg.datamodule), cfg.seed)
+    datamodule = build_datamodule(
+        task, tokenizer, dict(cfg.datamodule), cfg.seed, siamese=reads_pairs_apart(cfg, task)
+    )
     length = datamodule.sequence_length
     if cfg.from_scratch:  # every position starts random; this run trains up to `length`
         trained = length
@@ -191,7 +216,7 @@ def finetune(
             None if pretrained.trained_seq_len is None else max(pretrained.trained_seq_len, length)
         )
     datamodule.setup("fit")
-    head = head_spec(cfg, task, datamodule.label_map)
+    head = head_spec(cfg, task, datamodule)
     optimizer, lr = optimizer_factory(cfg, backbone.config)
     module = TaskModule(
         backbone, head, datamodule.eval_splits, optimizer, instantiate(cfg.schedule)
@@ -384,6 +409,11 @@ def inference_setup(cfg: DictConfig, *, predicting: bool = False):
             f"sliding windows, but the model was fine-tuned {'with' if not windowed else 'without'} "
             "them; use the task settings it was fine-tuned with (leave task= out)"
         )
+    if tuned.module.head.siamese and not task.is_pair:
+        raise ConfigError(
+            f"task {task.name!r} has one text column, but the model reads pairs of texts apart "
+            "(head.siamese); use a pair task (leave task= out for the one it was fine-tuned on)"
+        )
     predict_task = task.prediction_spec(cfg.predict.file) if predicting else None
     module = tuned.module
     module.set_eval_splits(task.eval_splits)
@@ -394,6 +424,7 @@ def inference_setup(cfg: DictConfig, *, predicting: bool = False):
         cfg.seed,
         label_map=tuned.module.head.label_map,
         predict_task=predict_task,
+        siamese=tuned.module.head.siamese,
     )
     warn_untrained_positions(datamodule.sequence_length, tuned.trained_seq_len, tuned.source)
     trainer = L.Trainer(

@@ -21,6 +21,11 @@ tasks. The difference pretrained - scratch is paired over seeds, with a t interv
 A suite resumes: the same command with the same `run_name` (printed when a suite is cut short)
 skips every job whose `results.json` exists, moves an unfinished job's folder aside to
 `<job>.interrupted`, and refuses settings that differ from those the folder was started with.
+
+On several devices (`trainer.devices=2 trainer.strategy=ddp`) every job is one DDP fine-tune.
+Every process runs this loop; the first one alone checks and writes the suite's files and
+prints. The others plan the same jobs: they read which are done before their first fine-tune,
+and no job can finish before every process has joined it.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from pipeline.config import ConfigError
 from pipeline.finetuning import finetune, task_from
 from pipeline.load import resolve_checkpoint
 from pipeline.results import RESULTS
-from pipeline.run_folder import SUITE_RECORD
+from pipeline.run_folder import SUITE_RECORD, first_process
 from pipeline.suite_summary import (
     BASELINES,
     INITS,
@@ -209,8 +214,9 @@ def run_suite(
     cfg: DictConfig,
     load_task: Callable[[str], DictConfig],
     overrides: Sequence[str] = (),
-) -> SuiteSummary:
-    """Run (or resume) the suite of `cfg` into `cfg.paths.output_dir`; returns its summary.
+) -> SuiteSummary | None:
+    """Run (or resume) the suite of `cfg` into `cfg.paths.output_dir`; returns its summary
+    (None in the processes of a multi-device suite other than the first).
 
     Args:
         cfg: the composed `conf/glue.yaml`.
@@ -224,7 +230,8 @@ def run_suite(
     folder = Path(cfg.paths.output_dir)
     tasks, seeds = suite_tasks(cfg), seeds_of(cfg.seeds)
     nodes = {t.name: load_task(t.name) for t in tasks}  # every name checked before any job
-    resumed = check_or_write_record(folder, suite_record(cfg, tasks, seeds))
+    first = first_process()  # the others of a multi-device suite only join its fine-tunes
+    resumed = first and check_or_write_record(folder, suite_record(cfg, tasks, seeds))
     source = resolve_checkpoint(cfg.ckpt)  # read once for every job
     given = overridden_keys(overrides)
     jobs = plan(tasks, seeds)
@@ -238,27 +245,34 @@ def run_suite(
         task_dir = folder / job.task
         job_dir = folder / job.folder
         job_cfg = job_config(cfg, nodes[job.task], task, job, job_dir, given)
-        if not (task_dir / BASELINES).is_file():
+        if first and not (task_dir / BASELINES).is_file():
             print(f"{job.task}: fitting the non-neural baselines")
             task_dir.mkdir(parents=True, exist_ok=True)
             scores = task_baselines(job_cfg)
             write_text_atomic(task_dir / BASELINES, json.dumps(scores, indent=2) + "\n")
         if job in done:
             continue
-        if job_dir.exists():  # a job cut short: its checkpoints are not results
+        if first and job_dir.exists():  # a job cut short: its checkpoints are not results
             aside = job_dir.with_name(job_dir.name + ".interrupted")
             shutil.rmtree(aside, ignore_errors=True)
             job_dir.rename(aside)
             log.warning("%s was not finished; moved to %s and run again", job_dir, aside)
         elapsed = time.monotonic() - started
-        print(f"\n[{number}/{len(jobs)}] {job.task}, {job.init}, seed {job.seed} ({elapsed:.0f} s)")
+        if first:
+            print(
+                f"\n[{number}/{len(jobs)}] {job.task}, {job.init}, seed {job.seed} "
+                f"({elapsed:.0f} s)"
+            )
         results = finetune(job_cfg, source=source, announce=False)
         score = results.main_score()
-        print(
-            f"  {results.main_split} {results.main_metric} "
-            f"{'n/a' if score is None else f'{score:.4f}'} (best at epoch {results.best.epoch}); "
-            f"{job_dir}"
-        )
+        if first:
+            print(
+                f"  {results.main_split} {results.main_metric} "
+                f"{'n/a' if score is None else f'{score:.4f}'} "
+                f"(best at epoch {results.best.epoch}); {job_dir}"
+            )
+    if not first:
+        return None
     summary = summarize_suite(folder)
     summary.write(folder)
     return summary

@@ -56,6 +56,11 @@ class HeadSpec:
         aggregate: for sliding-window documents, "mean", "max" or "attention"; None for
             single sequences.
         dropout: dropout before the output layer.
+        pooling: the sequence features: None for the family's own, "mean" for the mean
+            token state (`models.heads.SequenceClassifier`).
+        siamese: a pair task whose two texts are encoded apart (batches of 2B rows).
+        target: regression only: (mean, std) of the training targets, which the head's
+            output is scaled by (`models.heads.SequenceClassifier`).
     """
 
     task: str
@@ -63,6 +68,9 @@ class HeadSpec:
     metrics: tuple[str, ...]
     aggregate: str | None = None
     dropout: float = 0.1
+    pooling: str | None = None
+    siamese: bool = False
+    target: tuple[float, float] = (0.0, 1.0)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -72,6 +80,9 @@ class HeadSpec:
             "metrics": list(self.metrics),
             "aggregate": self.aggregate,
             "dropout": self.dropout,
+            "pooling": self.pooling,
+            "siamese": self.siamese,
+            "target": list(self.target),
         }
 
     @classmethod
@@ -82,12 +93,22 @@ class HeadSpec:
             metrics=tuple(record["metrics"]),
             aggregate=record.get("aggregate"),
             dropout=float(record.get("dropout", 0.1)),
+            pooling=record.get("pooling"),  # older checkpoints: the family's own, joint pairs
+            siamese=bool(record.get("siamese", False)),
+            target=tuple(float(t) for t in record.get("target", (0.0, 1.0))),
         )
 
 
 def build_head(backbone: nn.Module, head: HeadSpec) -> SequenceClassifier | DocumentClassifier:
     """The task model on `backbone` (a pretraining model's LM heads are dropped)."""
-    classifier = SequenceClassifier(backbone, head.label_map.num_labels, dropout=head.dropout)
+    classifier = SequenceClassifier(
+        backbone,
+        head.label_map.num_labels,
+        dropout=head.dropout,
+        pooling=head.pooling,
+        siamese=head.siamese,
+        target=head.target,
+    )
     if head.aggregate is None:
         return classifier
     return DocumentClassifier(classifier, head.aggregate)
@@ -171,18 +192,28 @@ class TaskModule(L.LightningModule):
     ) -> None:
         _, scores = self.scores(batch)
         labels = batch["labels"]
+        if "scored" in batch:  # a DDP rank's repeated examples (datamodules.finetune.Repeat)
+            scores, labels = scores[batch["scored"]], labels[batch["scored"]]
+            if not len(labels):
+                return
         loss = sequence_loss(scores, labels)
         self._val_loss[dataloader_idx].append((float(loss), len(labels)))
         self.val_metrics[dataloader_idx].update(scores.float(), labels)
 
     def on_validation_epoch_end(self) -> None:
+        """Log each split's loss (per example, over every process's examples) and metrics
+        (torchmetrics gathers every process's state). Both are the same on every process, so
+        `sync_dist`'s mean leaves them as they are; it keeps Lightning from warning."""
         for index, split in enumerate(self.eval_splits):
             losses = self._val_loss[index]
-            if losses:
-                total = sum(n for _, n in losses)
-                self.log(f"val/{split}/loss", sum(v * n for v, n in losses) / total)
+            loss_sum, count = sum(v * n for v, n in losses), sum(n for _, n in losses)
+            if self.trainer.world_size > 1:
+                totals = torch.tensor([loss_sum, count], device=self.device)
+                loss_sum, count = self.trainer.strategy.reduce(totals, reduce_op="sum").tolist()
+            if count:
+                self.log(f"val/{split}/loss", loss_sum / count, sync_dist=True)
             for name, value in self.val_metrics[index].compute().items():
-                self.log(f"val/{split}/{name}", value, prog_bar=index == 0)
+                self.log(f"val/{split}/{name}", value, prog_bar=index == 0, sync_dist=True)
             self.val_metrics[index].reset()
             losses.clear()
 

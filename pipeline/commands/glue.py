@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from pipeline.cli import command_overrides, entry_point, make_command, user_errors
 from pipeline.glue import run_suite
+from pipeline.run_folder import first_process
 from pipeline.suite_summary import SUMMARY
 
 
@@ -32,10 +33,13 @@ def main(cfg: DictConfig) -> float:
         try:
             summary = run_suite(cfg, load_task, overrides)
         except (KeyboardInterrupt, SystemExit):  # Lightning ends fit on Ctrl-C with exit(1)
-            resume = [o for o in overrides if not o.startswith("run_name=")]
-            resume.append(f"run_name={cfg.run_name}")
-            print(f"\nsuite interrupted; to resume it: {make_command('glue', resume)}")
+            if first_process():
+                resume = [o for o in overrides if not o.startswith("run_name=")]
+                resume.append(f"run_name={cfg.run_name}")
+                print(f"\nsuite interrupted; to resume it: {make_command('glue', resume)}")
             raise
+        if summary is None:  # a multi-device suite's other process: the first one prints
+            return math.nan
         folder = cfg.paths.output_dir
         print(f"\n{summary.table()}\n\nwritten to {folder}/{SUMMARY}.md and .json")
         average = summary.rows[-1].pretrained.summary if summary.rows else None

@@ -211,3 +211,36 @@ def test_train_examples_is_one_random_sample_for_every_seed(glue_wordpiece):
     whole = FinetuneDataModule(spec, glue_wordpiece, train_examples=10**6)
     whole.setup("fit")
     assert len(whole.examples("train")) == len(everything)
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_siamese_pairs_are_two_rows_each_with_one_label(kind, glue_wordpiece, glue_bpe):
+    """siamese=True: pair i is rows 2i and 2i+1, each one text alone in the single template;
+    labels and example indices stay one per pair, in training and evaluation."""
+    tokenizer = glue_wordpiece if kind == "wordpiece" else glue_bpe
+    dm = glue_module("mrpc", "MRPC", tokenizer, siamese=True, batch_size=8)
+    special = special_ids(tokenizer)
+    for batch in (next(iter(dm.train_dataloader())), next(iter(dm.val_dataloader()[0]))):
+        n = len(batch["labels"])
+        assert batch["input_ids"].shape[0] == 2 * n and batch["example_index"].shape == (n,)
+        split = "train" if n == 8 else "dev"
+        texts = [r for r in rows(batch)]
+        for i, index in enumerate(batch["example_index"].tolist()):
+            example = dm.examples(split)[index]
+            for text, (ids, types) in zip(example.texts, texts[2 * i : 2 * i + 2], strict=True):
+                assert set(types) == {0}
+                if kind == "wordpiece":
+                    assert ids[0] == special.cls and ids[-1] == special.sep
+                    assert special.sep not in ids[1:-1]
+                else:
+                    assert ids[-1] == special.eot and special.eot not in ids[:-1]
+                assert tokenizer.decode(ids).replace(" ", "") == (
+                    tokenizer.decode(tokenizer.encode(text).ids).replace(" ", "")
+                )
+            assert batch["labels"][i] == dm.label_to_id[example.label]
+
+
+def test_siamese_is_ignored_by_single_text_tasks(glue_wordpiece):
+    dm = glue_module("sst2", "SST-2", glue_wordpiece, siamese=True, batch_size=8)
+    batch = next(iter(dm.train_dataloader()))
+    assert not dm.siamese and batch["input_ids"].shape[0] == len(batch["labels"]) == 8

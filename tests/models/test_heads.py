@@ -67,3 +67,57 @@ def test_head_rejects_bad_arguments():
         SequenceClassifier(torch.nn.Linear(2, 2), 2)
     with pytest.raises(ValueError, match="n_outputs"):
         SequenceClassifier(GPT(GPTConfig.from_preset("tiny", vocab_size=V)), 0)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_mean_pooling_averages_the_real_tokens_states(family):
+    torch.manual_seed(0)
+    model = (
+        BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
+        if family == "bert"
+        else GPT(GPTConfig.from_preset("tiny", vocab_size=V))
+    )
+    head = SequenceClassifier(model, 2, pooling="mean").eval()
+    ids = torch.randint(0, V, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[0, 4:] = 0
+    with torch.no_grad():
+        got = head.features(ids, attention_mask=mask)
+        short = head.features(ids[:1, :4], attention_mask=mask[:1, :4])  # no padding at all
+        states = (
+            model.bert(ids, attention_mask=mask).hidden_states
+            if family == "bert"
+            else model.model(ids, attention_mask=mask)
+        )
+    torch.testing.assert_close(got[1], states[1].mean(0))
+    torch.testing.assert_close(got[0], short[0], atol=1e-5, rtol=0)  # padding is left out
+
+
+@pytest.mark.parametrize("pooling", [None, "mean"])
+def test_a_siamese_head_scores_each_pair_from_its_two_texts_read_alone(pooling):
+    """Rows 2i and 2i+1 are the two texts of pair i: the scores are the linear layer on
+    [u, v, |u - v|, u * v] of the features each text gets alone (padding changes nothing)."""
+    torch.manual_seed(0)
+    bert = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
+    head = SequenceClassifier(bert, 3, pooling=pooling, siamese=True).eval()
+    assert head.classifier.in_features == 4 * bert.config.d_model
+    texts = [torch.randint(0, V, (1, n)) for n in (5, 8, 3, 8)]  # pairs (0, 1) and (2, 3)
+    ids = torch.zeros(4, 8, dtype=torch.long)
+    mask = torch.zeros(4, 8, dtype=torch.long)
+    for row, text in enumerate(texts):
+        ids[row, : text.shape[1]], mask[row, : text.shape[1]] = text, 1
+    with torch.no_grad():
+        scores = head(ids, attention_mask=mask)
+        alone = [head.features(t, attention_mask=torch.ones_like(t))[0] for t in texts]
+        for pair, (u, v) in enumerate([(alone[0], alone[1]), (alone[2], alone[3])]):
+            expected = head.classifier(torch.cat([u, v, (u - v).abs(), u * v]))
+            torch.testing.assert_close(scores[pair], expected, atol=1e-5, rtol=0)
+    assert scores.shape == (2, 3)
+    with pytest.raises(ValueError, match="pairs of rows"):
+        head(ids[:3], attention_mask=mask[:3])
+
+
+def test_unknown_pooling_is_refused():
+    bert = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
+    with pytest.raises(ValueError, match="pooling"):
+        SequenceClassifier(bert, 2, pooling="max")

@@ -19,7 +19,7 @@ from pipeline.glue import Job, SuiteTask, job_config, plan, run_suite, seeds_of,
 from pipeline.report import write_report
 from pipeline.results import FinetuneResults
 from pipeline.suite_summary import BASELINES, summarize_suite, task_score
-from tests.conftest import CONF, SHARED_DATA
+from tests.conftest import CLI_ENV, CONF, SHARED_DATA
 from tests.pipeline.test_finetune import compose_config
 from tests.pipeline.test_generate import run_cli
 from tests.pipeline.tiny_models import write_run
@@ -267,3 +267,40 @@ def test_a_hugging_face_folder_runs_the_suite_with_its_own_tokenizer(tmp_path, m
         )
         assert Tokenizer.from_str(tuned["tokenizer"]["json"]).get_vocab() == tokenizer.get_vocab()
         assert_started_from(tuned, start, init)
+
+
+@needs_glue
+def test_a_suite_on_two_processes_runs_each_fine_tune_with_ddp_and_resumes(tmp_path):
+    """`trainer.devices=2 trainer.strategy=ddp`: Lightning starts the second process once, at
+    the first fine-tune; both run every job together, the first alone writes and prints. The
+    same command again finds every job done and prints the same table."""
+    write_run(tmp_path / "bert", "bert")
+    command = (
+        "pipeline.commands.glue",
+        f"ckpt={tmp_path / 'bert'}",
+        "tasks=[stsb]",
+        "seeds=1",
+        "run_name=ddp",
+        f"paths.output_root={tmp_path / 'out'}",
+        "logger=csv",
+        "datamodule.max_examples=25",
+        "datamodule.batch_size=8",
+        "trainer.max_epochs=1",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+    )
+    env = {**CLI_ENV, "OMP_NUM_THREADS": "1", "GLUE_DIR": str(GLUE)}
+    first = run_cli(*command, tmp_path=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stdout.count("[1/2] stsb, pretrained, seed 1") == 1
+    assert first.stdout.count("| stsb |") == 1
+    folder = tmp_path / "out" / "glue" / "ddp"
+    for init in ("pretrained", "scratch"):
+        results = FinetuneResults.read(folder / "stsb" / f"{init}-seed1" / "results.json")
+        assert results.final.step == 2  # 25 examples: 13 a rank, batches of 8
+    again = run_cli(*command, tmp_path=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[1/2]" not in again.stdout
+    table = [line for line in first.stdout.splitlines() if line.startswith("| stsb |")]
+    assert table[0] in again.stdout
