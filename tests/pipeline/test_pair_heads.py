@@ -67,7 +67,7 @@ def test_a_siamese_head_learns_word_overlap_that_a_fresh_cross_encoder_does_not(
     `A [SEP] B` through an untrained encoder does not."""
     common = ("trainer.max_epochs=4", "head.pooling=mean")
     siamese, _ = tune(setup, "siamese", *common, "head.siamese=true")
-    joint, _ = tune(setup, "joint", *common)
+    joint, _ = tune(setup, "joint", *common, "head.siamese=false")
     assert siamese.best.metrics["dev"]["spearman"] > 0.25
     assert siamese.best.metrics["dev"]["spearman"] > joint.best.metrics["dev"]["spearman"] + 0.15
 
@@ -92,6 +92,33 @@ def test_a_siamese_model_evaluates_and_predicts_as_it_was_trained(setup, tmp_pat
     single = compose_config("evaluate", f"ckpt={run_dir}", *one_text, run_dir=tmp_path / "e2")
     with pytest.raises(ConfigError, match="reads pairs of texts apart"):
         evaluate(single)
+
+
+def test_pairs_are_read_apart_by_default_up_to_mini_width():
+    """head.siamese null: siamese (with mean pooling) for widths up to 256, one sequence above;
+    single-text tasks never; an explicit setting wins."""
+    from datamodules.tasks import TaskSpec
+    from pipeline.finetuning import SIAMESE_UP_TO_WIDTH, reads_pairs_apart
+
+    def task(columns):
+        return TaskSpec(
+            name="t",
+            data_dir=".",
+            files={"train": "a", "dev": "b"},
+            text_columns=columns,
+            label_column="y",
+        )
+
+    pair, single = task(["a", "b"]), task(["a"])
+    cfg = compose_config("finetune")
+    assert cfg.head.siamese is None
+    assert reads_pairs_apart(cfg, pair, SIAMESE_UP_TO_WIDTH)
+    assert not reads_pairs_apart(cfg, pair, SIAMESE_UP_TO_WIDTH + 1)
+    assert not reads_pairs_apart(cfg, single, 64)
+    cfg.head.siamese = False
+    assert not reads_pairs_apart(cfg, pair, 64)
+    cfg.head.siamese = True
+    assert reads_pairs_apart(cfg, pair, 768)
 
 
 def test_an_unknown_pooling_is_a_config_error(setup):
