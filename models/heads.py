@@ -130,6 +130,10 @@ class SequenceClassifier(nn.Module):
         self.backbone = backbone
         self.n_outputs = n_outputs
         self.pooling, self.siamese = pooling, siamese
+        if isinstance(backbone, BertModel):
+            # mean pooling leaves BERT's [CLS] pooler out of the graph: frozen, so that DDP
+            # finds no parameter without a gradient
+            backbone.pooler.requires_grad_(pooling is None)
         self.target_mean, self.target_std = (float(t) for t in target)
         self.dropout = nn.Dropout(dropout)
         width = backbone.config.d_model * (4 if siamese else 1)
