@@ -256,7 +256,8 @@ def rank_share(items: list, rank: int, world: int, repeat=lambda item: item) -> 
 
 class EpochShuffleSampler(DistributedSampler):
     """A permutation of range(n) that is a pure function of (seed, epoch), shared out among
-    `world` processes (`rank_share`; the permutation is the same on every rank).
+    `world` processes (`rank_share`; the permutation is the same on every rank). Its length,
+    ceil(n / world), is `DistributedSampler`'s.
 
     Lightning calls `set_epoch` before each training epoch; used outside Lightning, each
     iteration moves on to the next epoch's order by itself. With `with_epoch`, items are
@@ -276,9 +277,6 @@ class EpochShuffleSampler(DistributedSampler):
         items = [(i, epoch) for i in order] if self.with_epoch else order
         return iter(rank_share(items, self.rank, self.num_replicas))
 
-    def __len__(self) -> int:
-        return -(-self.n // self.num_replicas)
-
 
 class EvalShardSampler(DistributedSampler):
     """range(n) in order, shared out among `world` processes (`rank_share`); the items a rank
@@ -290,9 +288,6 @@ class EvalShardSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         return iter(rank_share(list(range(self.n)), self.rank, self.num_replicas, Repeat))
-
-    def __len__(self) -> int:
-        return -(-self.n // self.num_replicas)
 
 
 class FinetuneDataModule(L.LightningDataModule):
