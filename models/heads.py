@@ -12,7 +12,10 @@ Text pairs are read jointly (one sequence `A [SEP] B`, a cross-encoder, as BERT 
 `siamese=True`, apart: each text is its own sequence through the shared backbone, and the head
 reads [u, v, |u - v|, u * v] of their features u and v (InferSent, the GLUE baselines' pair
 encoder and Sentence-BERT). The elementwise terms compare the two texts directly, which a small
-or briefly pretrained cross-encoder has not learned to do.
+or briefly pretrained cross-encoder has not learned to do. A regression pair read apart can
+instead be scored by the cosine similarity of u and v (`pair_score="cosine"`, Sentence-BERT's
+regression objective), standardized by running statistics so that a fresh head already predicts
+the targets' mean and spread: training then only has to order the pairs.
 """
 
 from __future__ import annotations
@@ -26,18 +29,21 @@ from models.gpt import GPT, GPTModel
 from models.pooling import ChunkAttentionPooling, aggregate_chunk_logits
 
 __all__ = [
+    "PAIR_SCORES",
     "POOLINGS",
     "DocumentClassifier",
     "SequenceClassifier",
     "backbone_of",
     "last_token_index",
     "mean_token_states",
+    "pair_cosine",
     "pair_features",
     "sequence_loss",
 ]
 
 
 POOLINGS = (None, "mean")  # None: the family's own (BERT's pooled [CLS], GPT's last token)
+PAIR_SCORES = ("features", "cosine")  # how a siamese head scores a pair (SequenceClassifier)
 
 
 def backbone_of(model: BertModel | GPTModel | BertForPreTraining | GPT) -> BertModel | GPTModel:
@@ -103,7 +109,11 @@ class SequenceClassifier(nn.Module):
         dropout: dropout before the linear layer (BERT fine-tuning uses 0.1).
         pooling: None for the family's own sequence features, "mean" for the mean token state.
         siamese: the input rows come in pairs, rows 2i and 2i+1 the two texts of example i;
-            the head scores [u, v, |u - v|, u * v] of each pair (B examples from 2B rows).
+            the head scores each pair (B examples from 2B rows) as `pair_score` says.
+        pair_score: siamese only: "features", the linear layer on [u, v, |u - v|, u * v];
+            "cosine" (regression only), cos(u, v) standardized by a one-channel batch norm
+            (batch statistics in training, running ones in evaluation) and its affine map, so
+            a fresh head predicts the targets' mean with their spread.
         target: (mean, std) of the regression targets (ignored for classification).
         init_std: std of the normal initialization of the new linear layer.
     """
@@ -116,6 +126,7 @@ class SequenceClassifier(nn.Module):
         dropout: float = 0.1,
         pooling: str | None = None,
         siamese: bool = False,
+        pair_score: str = "features",
         target: tuple[float, float] = (0.0, 1.0),
         init_std: float = 0.02,
     ) -> None:
@@ -127,6 +138,13 @@ class SequenceClassifier(nn.Module):
             raise ValueError(f"the regression target's std must be > 0, got {target[1]}")
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be null (the model's own) or 'mean', got {pooling!r}")
+        if pair_score not in PAIR_SCORES:
+            raise ValueError(f"pair_score must be one of {PAIR_SCORES}, got {pair_score!r}")
+        self.cosine = siamese and pair_score == "cosine"
+        if self.cosine and n_outputs != 1:
+            raise ValueError(
+                f"the cosine pair score is one number: a regression head, not {n_outputs} classes"
+            )
         self.backbone = backbone
         self.n_outputs = n_outputs
         self.pooling, self.siamese = pooling, siamese
@@ -136,14 +154,21 @@ class SequenceClassifier(nn.Module):
             backbone.pooler.requires_grad_(pooling is None)
         self.target_mean, self.target_std = (float(t) for t in target)
         self.dropout = nn.Dropout(dropout)
-        width = backbone.config.d_model * (4 if siamese else 1)
-        self.classifier = nn.Linear(width, n_outputs)
+        self.classifier: nn.Linear | nn.BatchNorm1d
+        if self.cosine:
+            self.classifier = nn.BatchNorm1d(1)
+        else:
+            self.classifier = nn.Linear(backbone.config.d_model * (4 if siamese else 1), n_outputs)
         self.init_std = init_std
         self.init_weights()
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """Only the new layer: Normal(0, init_std) weights, zero bias (the backbone is kept)."""
+        """Only the new layer: Normal(0, init_std) weights, zero bias (the backbone is kept); the
+        cosine score's norm: unit scale, zero shift, fresh running statistics."""
+        if isinstance(self.classifier, nn.BatchNorm1d):
+            self.classifier.reset_parameters()
+            return
         nn.init.normal_(self.classifier.weight, mean=0.0, std=self.init_std)
         nn.init.zeros_(self.classifier.bias)
 
@@ -167,6 +192,10 @@ class SequenceClassifier(nn.Module):
         features_ND = self.features(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
         )
+        if self.cosine:
+            return self.target_mean + self.target_std * self.standardize(
+                pair_cosine(self.dropout(features_ND))
+            )
         if self.siamese:
             return self.classify(pair_features(features_ND))
         return self.classify(features_ND)
@@ -202,12 +231,34 @@ class SequenceClassifier(nn.Module):
             return self.target_mean + self.target_std * scores_BC
         return scores_BC
 
+    def standardize(self, cos_B1: torch.Tensor) -> torch.Tensor:
+        """The cosine score's norm; a training batch of one pair (no spread to measure) uses the
+        running statistics, as evaluation does."""
+        norm = self.classifier
+        assert isinstance(norm, nn.BatchNorm1d)
+        if self.training and cos_B1.shape[0] > 1:
+            return norm(cos_B1)
+        return F.batch_norm(
+            cos_B1, norm.running_mean, norm.running_var, norm.weight, norm.bias, eps=norm.eps
+        )
+
+
+def pair_cosine(features_ND: torch.Tensor) -> torch.Tensor:
+    """(2B, D) features of B text pairs (rows 2i, 2i+1) -> (B, 1) cos(u, v)."""
+    u_BD, v_BD = split_pairs(features_ND)
+    return F.cosine_similarity(u_BD, v_BD, dim=-1).unsqueeze(-1)
+
+
+def split_pairs(features_ND: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(2B, D) rows of B text pairs -> u (B, D) from rows 2i, v (B, D) from rows 2i + 1."""
+    if features_ND.shape[0] % 2:
+        raise ValueError(f"a siamese batch holds pairs of rows, got {features_ND.shape[0]} rows")
+    return features_ND[0::2], features_ND[1::2]
+
 
 def pair_features(features_ND: torch.Tensor) -> torch.Tensor:
     """(2B, D) features of B text pairs (rows 2i, 2i+1) -> (B, 4D) [u, v, |u - v|, u * v]."""
-    if features_ND.shape[0] % 2:
-        raise ValueError(f"a siamese batch holds pairs of rows, got {features_ND.shape[0]} rows")
-    u_BD, v_BD = features_ND[0::2], features_ND[1::2]
+    u_BD, v_BD = split_pairs(features_ND)
     return torch.cat([u_BD, v_BD, (u_BD - v_BD).abs(), u_BD * v_BD], dim=-1)
 
 

@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from datamodules.finetune import FinetuneDataModule
 from datamodules.tasks import LabelMap, TaskSpec, save_labels
 from models.config import BertConfig, GPTConfig
-from models.heads import POOLINGS
+from models.heads import PAIR_SCORES, POOLINGS
 from pipeline.checkpoints import AtomicCheckpointIO, CheckpointExtras
 from pipeline.cli import command_overrides
 from pipeline.config import ConfigError
@@ -161,7 +161,9 @@ def head_spec(
 ) -> HeadSpec:
     """The head of `cfg.head` for `task` on a backbone of `width` (`reads_pairs_apart`), with
     the labels and regression target of the datamodule's training split. `head.pooling`
-    null: mean pooling for pairs read apart, the model's own features otherwise."""
+    null: mean pooling for pairs read apart, the model's own features otherwise;
+    `head.pair_score` null: the cosine score for a regression pair read apart, the features
+    otherwise."""
     aggregate = None
     if task.long_text is not None and task.long_text.mode == "window":
         aggregate = task.long_text.aggregate
@@ -169,6 +171,21 @@ def head_spec(
     if pooling not in POOLINGS:
         raise ConfigError(f"head.pooling={pooling!r} is not known; use head.pooling=null or mean")
     siamese = reads_pairs_apart(cfg, task, width)
+    regression = task.is_regression
+    pair_score = cfg.head.get("pair_score")
+    if pair_score is None:
+        pair_score = "cosine" if siamese and regression else "features"
+    if pair_score not in PAIR_SCORES:
+        raise ConfigError(
+            f"head.pair_score={pair_score!r} is not known; use head.pair_score=null, features "
+            "or cosine"
+        )
+    if pair_score == "cosine" and not (siamese and regression):
+        raise ConfigError(
+            f"head.pair_score=cosine scores a regression pair read apart; task {task.name} "
+            f"is {'not a regression' if not regression else 'not read apart'}: use "
+            "head.pair_score=null"
+        )
     return HeadSpec(
         task.name,
         datamodule.label_map,
@@ -177,6 +194,7 @@ def head_spec(
         cfg.head.dropout,
         pooling="mean" if pooling is None and siamese else pooling,
         siamese=siamese,
+        pair_score=pair_score,
         target=datamodule.regression_target(),
     )
 

@@ -59,6 +59,8 @@ class HeadSpec:
         pooling: the sequence features: None for the family's own, "mean" for the mean
             token state (`models.heads.SequenceClassifier`).
         siamese: a pair task whose two texts are encoded apart (batches of 2B rows).
+        pair_score: how a siamese head scores a pair, "features" or "cosine"
+            (`models.heads.PAIR_SCORES`).
         target: regression only: (mean, std) of the training targets, which the head's
             output is scaled by (`models.heads.SequenceClassifier`).
     """
@@ -70,6 +72,7 @@ class HeadSpec:
     dropout: float = 0.1
     pooling: str | None = None
     siamese: bool = False
+    pair_score: str = "features"
     target: tuple[float, float] = (0.0, 1.0)
 
     def record(self) -> dict[str, Any]:
@@ -82,6 +85,7 @@ class HeadSpec:
             "dropout": self.dropout,
             "pooling": self.pooling,
             "siamese": self.siamese,
+            "pair_score": self.pair_score,
             "target": list(self.target),
         }
 
@@ -95,6 +99,7 @@ class HeadSpec:
             dropout=float(record.get("dropout", 0.1)),
             pooling=record.get("pooling"),  # older checkpoints: the family's own, joint pairs
             siamese=bool(record.get("siamese", False)),
+            pair_score=record.get("pair_score", "features"),
             target=tuple(float(t) for t in record.get("target", (0.0, 1.0))),
         )
 
@@ -107,6 +112,7 @@ def build_head(backbone: nn.Module, head: HeadSpec) -> SequenceClassifier | Docu
         dropout=head.dropout,
         pooling=head.pooling,
         siamese=head.siamese,
+        pair_score=head.pair_score,
         target=head.target,
     )
     if head.aggregate is None:

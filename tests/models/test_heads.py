@@ -117,6 +117,58 @@ def test_a_siamese_head_scores_each_pair_from_its_two_texts_read_alone(pooling):
         head(ids[:3], attention_mask=mask[:3])
 
 
+def pairs_batch(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Right-padded rows of the given lengths (pairs: rows 2i, 2i + 1) and each text alone."""
+    texts = [torch.randint(0, V, (1, n)) for n in lengths]
+    width = max(lengths)
+    ids = torch.zeros(len(texts), width, dtype=torch.long)
+    mask = torch.zeros(len(texts), width, dtype=torch.long)
+    for row, text in enumerate(texts):
+        ids[row, : text.shape[1]], mask[row, : text.shape[1]] = text, 1
+    return ids, mask, texts
+
+
+def test_a_cosine_pair_score_is_the_standardized_cosine_of_the_two_texts_read_alone():
+    """Regression read apart, pair_score="cosine": mean + std * norm(cos(u, v)) with u and v
+    each text's own features; training standardizes by the batch, so a fresh head's
+    predictions have the targets' mean and spread whatever the cosines' level; evaluation
+    uses the running statistics it learned."""
+    torch.manual_seed(0)
+    bert = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
+    mean, std = 2.5, 1.5
+    head = SequenceClassifier(
+        bert, 1, pooling="mean", siamese=True, pair_score="cosine", target=(mean, std), dropout=0
+    )
+    ids, mask, texts = pairs_batch((5, 8, 3, 8, 6, 2, 7, 7))
+    head.train().backbone.eval()  # the norm in training mode, the encoder without dropout
+    with torch.no_grad():
+        trained = head(ids, attention_mask=mask).squeeze(-1)
+        alone = [head.features(t, attention_mask=torch.ones_like(t))[0] for t in texts]
+    cos = torch.stack([F.cosine_similarity(alone[i], alone[i + 1], dim=0) for i in (0, 2, 4, 6)])
+    standardized = (cos - cos.mean()) / (cos.var(correction=0) + 1e-5).sqrt()
+    torch.testing.assert_close(trained, mean + std * standardized, atol=1e-4, rtol=0)
+    assert trained.mean().item() == pytest.approx(mean, abs=1e-4)
+    norm = head.classifier
+    torch.testing.assert_close(norm.running_mean, 0.1 * cos.mean().reshape(1))
+    with torch.no_grad():
+        evaluated = head.eval()(ids, attention_mask=mask).squeeze(-1)
+    running = (cos - norm.running_mean) / (norm.running_var + norm.eps).sqrt()
+    torch.testing.assert_close(evaluated, mean + std * running, atol=1e-4, rtol=0)
+    head.train().backbone.eval()
+    one_pair = head(ids[:2], attention_mask=mask[:2])  # no spread: the running statistics
+    torch.testing.assert_close(one_pair.detach().squeeze(), evaluated[0], atol=1e-4, rtol=0)
+
+
+def test_the_cosine_pair_score_is_for_regression_pairs_only():
+    bert = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
+    with pytest.raises(ValueError, match="regression head, not 3 classes"):
+        SequenceClassifier(bert, 3, siamese=True, pair_score="cosine")
+    with pytest.raises(ValueError, match="pair_score"):
+        SequenceClassifier(bert, 1, siamese=True, pair_score="dot")
+    # a single-text head ignores it: its linear layer reads the features
+    assert isinstance(SequenceClassifier(bert, 1, pair_score="cosine").classifier, torch.nn.Linear)
+
+
 def test_unknown_pooling_is_refused():
     bert = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
     with pytest.raises(ValueError, match="pooling"):

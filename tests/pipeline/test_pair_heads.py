@@ -74,7 +74,8 @@ def test_a_siamese_head_learns_word_overlap_that_a_fresh_cross_encoder_does_not(
 
 def test_a_siamese_model_evaluates_and_predicts_as_it_was_trained(setup, tmp_path):
     results, run_dir = tune(setup, "siamese-eval", "trainer.max_epochs=1", "head.siamese=true")
-    assert load_finetuned(run_dir).module.head.siamese
+    head = load_finetuned(run_dir).module.head
+    assert head.siamese and head.pair_score == "cosine"  # the default for a regression pair
     cfg = compose_config("evaluate", f"ckpt={run_dir}", run_dir=tmp_path / "eval")
     again = evaluate(cfg)
     for name, value in results.best.metrics["dev"].items():
@@ -119,6 +120,13 @@ def test_pairs_are_read_apart_by_default_up_to_mini_width():
     assert not reads_pairs_apart(cfg, pair, 64)
     cfg.head.siamese = True
     assert reads_pairs_apart(cfg, pair, 768)
+
+
+def test_the_cosine_pair_score_needs_a_regression_pair_read_apart(setup):
+    with pytest.raises(ConfigError, match="head.pair_score=cosine scores a regression pair"):
+        tune(setup, "cos-joint", "head.siamese=false", "head.pair_score=cosine")
+    with pytest.raises(ConfigError, match="head.pair_score='dot' is not known"):
+        tune(setup, "cos-bad", "head.pair_score=dot")
 
 
 def test_an_unknown_pooling_is_a_config_error(setup):
