@@ -78,6 +78,14 @@ def default_lr(config: BertConfig | GPTConfig) -> float:
     return 2e-5
 
 
+def default_epochs(config: BertConfig | GPTConfig) -> int:
+    """The fine-tuning epochs when `trainer.max_epochs` is null, by model width: 3 (the BERT
+    paper's 2-4) from width 512 up, and 10 for mini/tiny models, whose short fine-tunes stopped
+    before they had learned the quick suite's 2,000-example tasks (README, "Fine-tuning
+    settings for mini widths": 3 seeds of the quick suite on a 20-minute BERT mini)."""
+    return 10 if config.d_model <= 256 else 3
+
+
 def optimizer_factory(cfg: DictConfig, config: BertConfig | GPTConfig):
     lr = cfg.optim.lr if cfg.optim.get("lr") is not None else default_lr(config)
     return instantiate(cfg.optim, lr=lr), lr
@@ -278,8 +286,10 @@ def finetune(
         name=f"{task.name}-{run_dir.name}",
         job_type="finetune",
     )
+    epochs = cfg.trainer.max_epochs or default_epochs(backbone.config)
     trainer = instantiate(
         cfg.trainer,
+        max_epochs=epochs,
         precision=cfg.trainer.precision or best_precision(),
         logger=loggers or False,
         callbacks=[
@@ -304,7 +314,8 @@ def finetune(
         print(
             f"fine-tuning {family} ({origin}) on {task.name}: "
             f"{len(datamodule.examples(task.train_split)):,} training examples, "
-            f"eval on {', '.join(datamodule.eval_splits)}; lr {lr:g}; run folder {run_dir}"
+            f"eval on {', '.join(datamodule.eval_splits)}; lr {lr:g}, {epochs} epochs; "
+            f"run folder {run_dir}"
         )
     trainer.fit(module, datamodule=datamodule)
     final = split_metrics(trainer.callback_metrics, datamodule.eval_splits)

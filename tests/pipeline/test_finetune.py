@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from datamodules.tasks import load_labels
 from pipeline import run_folder
 from pipeline.config import ConfigError
-from pipeline.finetuning import default_lr, evaluate, finetune, predict, split_metrics
+from pipeline.finetuning import default_epochs, default_lr, evaluate, finetune, predict, split_metrics
 from pipeline.load import CheckpointLoadError
 from pipeline.task_module import load_backbone, load_finetuned
 from tests.conftest import CONF, SHARED_DATA
@@ -398,11 +398,28 @@ def test_a_folder_this_attempt_created_is_removed_only_while_it_holds_no_work(
         assert run_folder.remove_unused_run_folder() is None  # forgotten once handled
 
 
-def test_default_lr_follows_model_width(bert_ckpt):
+def test_default_lr_and_epochs_follow_model_width(bert_ckpt):
     backbone = load_backbone(bert_ckpt).model
     assert default_lr(backbone.config) == 1e-4  # d_model 64
+    assert default_epochs(backbone.config) == 10
     base = type(backbone.config)(vocab_size=100, n_layers=2, d_model=768, n_heads=12)
     assert default_lr(base) == 3e-5
+    assert default_epochs(base) == 3
+
+
+def test_null_epochs_train_the_widths_default(bert_ckpt, tmp_path):
+    """trainer.max_epochs null (the config's default): the run trains default_epochs of its
+    model (16 examples in batches of 8: 2 steps an epoch)."""
+    cfg = compose_config(
+        "finetune",
+        f"ckpt={bert_ckpt}",
+        "datamodule.max_examples=16",
+        "datamodule.batch_size=8",
+        run_dir=tmp_path / "run",
+    )
+    assert cfg.trainer.max_epochs is None
+    results = finetune(cfg, announce=False)
+    assert results.final.step == 2 * default_epochs(load_backbone(bert_ckpt).model.config)
 
 
 def test_split_metrics_folds_lightning_dataloader_suffixes():
