@@ -18,7 +18,14 @@ from omegaconf import OmegaConf
 from datamodules.tasks import load_labels
 from pipeline import run_folder
 from pipeline.config import ConfigError
-from pipeline.finetuning import default_epochs, default_lr, evaluate, finetune, predict, split_metrics
+from pipeline.finetuning import (
+    default_epochs,
+    default_lr,
+    evaluate,
+    finetune,
+    predict,
+    split_metrics,
+)
 from pipeline.load import CheckpointLoadError
 from pipeline.task_module import load_backbone, load_finetuned
 from tests.conftest import CONF, SHARED_DATA
