@@ -5,7 +5,10 @@
 Every `every_n_steps` optimizer steps, at the end of training, and once before the first step
 (the random-init reference), `Probe` encodes a labelled task's texts with the model being
 trained, frozen, and fits a linear model on the mean of each text's last-layer token states
-(`models.heads.mean_token_states`; no trained pooler needed): logistic regression for classes,
+(`models.heads.mean_token_states`; no trained pooler needed). A pair's two texts are encoded
+apart and read as the fine-tuning head reads them (`models.heads`): a regression pair by the
+cosine of the two, a classification pair by [u, v, |u - v|, u * v]; read as one sequence, their
+mean state says little of how the two relate. The linear model: logistic regression for classes,
 ridge regression for numbers (`pipeline.baselines.fit_linear`), on a fixed sample of the
 task's training examples, scored on a fixed sample of its dev split with the task's own
 metrics. With the defaults (500 + 500 texts of two tasks, every 200 steps) a probe of BERT mini
@@ -32,7 +35,7 @@ from torch.utils.data import DataLoader
 
 from datamodules.finetune import FinetuneDataModule
 from datamodules.tasks import TaskSpec
-from models.heads import backbone_of, mean_token_states
+from models.heads import backbone_of, mean_token_states, pair_cosine, pair_features
 from pipeline.baselines import dev_scores, fit_linear, predict_linear, standardize
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,12 @@ class _ProbeData:
     num_labels: int
     train: DataLoader
     dev: DataLoader
+
+    def read(self, states_ND: torch.Tensor) -> torch.Tensor:
+        """A batch's features from its rows' mean states (pairs: rows 2i and 2i + 1)."""
+        if not self.task.is_pair:
+            return states_ND
+        return (pair_cosine if self.task.is_regression else pair_features)(states_ND)
 
 
 class Probe(L.Callback):
@@ -88,6 +97,7 @@ class Probe(L.Callback):
                 eval_batch_size=batch_size,
                 train_examples=train_examples,
                 eval_examples=dev_examples,
+                siamese=task.is_pair,
             )
             module.setup("fit")
             self.data.append(
@@ -139,8 +149,8 @@ class Probe(L.Callback):
         try:
             with torch.random.fork_rng(devices=devices):
                 for data in self.data:
-                    x_train, y_train = _features(backbone, data.train, device)
-                    x_dev, y_dev = _features(backbone, data.dev, device)
+                    x_train, y_train = _features(backbone, data.train, device, data.read)
+                    x_dev, y_dev = _features(backbone, data.dev, device, data.read)
                     x_train, x_dev = standardize(x_train, x_dev)
                     with torch.enable_grad():
                         weight, bias = fit_linear(x_train, y_train, data.num_labels)
@@ -157,8 +167,9 @@ class Probe(L.Callback):
         return out
 
 
-def _features(backbone, loader: DataLoader, device: torch.device):
-    """(N, D) mean token states (fp32, on the CPU) and (N,) labels of a loader's examples."""
+def _features(backbone, loader: DataLoader, device: torch.device, read):
+    """(N, F) features (fp32, on the CPU; `read` of each batch's mean token states) and (N,)
+    labels of a loader's N examples."""
     features, labels = [], []
     for batch in loader:
         types = batch.get("token_type_ids")
@@ -168,6 +179,6 @@ def _features(backbone, loader: DataLoader, device: torch.device):
             batch["attention_mask"].to(device),
             None if types is None else types.to(device),
         )
-        features.append(states.float().cpu())
+        features.append(read(states.float()).cpu())
         labels.append(batch["labels"])
     return torch.cat(features), torch.cat(labels)

@@ -15,6 +15,7 @@ from datamodules.tasks import TaskSpec
 from pipeline.baselines import fit_linear
 from pipeline.probe import Probe
 from tests.conftest import run_pretrain
+from tests.pipeline.task_data import write_pairs
 from tests.pipeline.tiny_models import tiny_model, trained_tokenizer
 
 POSITIVE, NEGATIVE = ("wonderful", "superb", "excellent"), ("terrible", "awful", "dreadful")
@@ -107,6 +108,27 @@ def test_probe_reads_a_keyword_from_random_features_and_changes_nothing(family, 
     assert torch.equal(torch.get_rng_state(), rng)
     assert model.training and all(m.training for m in model.modules())
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_a_pair_probe_reads_the_two_texts_apart(family, tmp_path):
+    """The score is how many of its six words a text shares with the other (the same words,
+    reordered, with others of the same vocabulary). The cosine of the two texts' mean states,
+    each encoded alone, tracks it even in a random model; read as one sequence (the probe
+    before), a pair's mean state holds which words occur, not which occur twice."""
+    write_pairs(tmp_path / "pairs", n_train=300, n_dev=150)
+    task = TaskSpec(
+        name="overlap",
+        data_dir=str(tmp_path / "pairs"),
+        kind="regression",
+        text_columns=["a", "b"],
+        label_column="score",
+    )
+    kind = "wordpiece" if family == "bert" else "bpe"
+    tokenizer = trained_tokenizer(kind)
+    probe = Probe([task], tokenizer, seq_len=64)
+    scores = probe.scores(tiny_model(family, tokenizer), torch.device("cpu"))
+    assert scores["probe/overlap/spearman"] > 0.6
 
 
 def probe_steps(run_dir: Path) -> dict[int, dict[str, str]]:
