@@ -14,8 +14,8 @@ reads [u, v, |u - v|, u * v] of their features u and v (InferSent, the GLUE base
 encoder and Sentence-BERT). The elementwise terms compare the two texts directly, which a small
 or briefly pretrained cross-encoder has not learned to do. A regression pair read apart can
 instead be scored by the cosine similarity of u and v (`pair_score="cosine"`, Sentence-BERT's
-regression objective), standardized by running statistics so that a fresh head already predicts
-the targets' mean and spread: training then only has to order the pairs.
+regression objective), standardized by a batch norm, so that from its first training batch the
+head predicts the targets' mean and spread: training then only has to order the pairs.
 """
 
 from __future__ import annotations
@@ -34,16 +34,24 @@ __all__ = [
     "DocumentClassifier",
     "SequenceClassifier",
     "backbone_of",
+    "default_pair_score",
     "last_token_index",
     "mean_token_states",
     "pair_cosine",
     "pair_features",
     "sequence_loss",
+    "split_pairs",
 ]
 
 
 POOLINGS = (None, "mean")  # None: the family's own (BERT's pooled [CLS], GPT's last token)
 PAIR_SCORES = ("features", "cosine")  # how a siamese head scores a pair (SequenceClassifier)
+
+
+def default_pair_score(regression: bool) -> str:
+    """How a pair read apart is scored unless set: by the cosine of its two texts for a
+    regression, by [u, v, |u - v|, u * v] for classes."""
+    return "cosine" if regression else "features"
 
 
 def backbone_of(model: BertModel | GPTModel | BertForPreTraining | GPT) -> BertModel | GPTModel:
@@ -113,7 +121,7 @@ class SequenceClassifier(nn.Module):
         pair_score: siamese only: "features", the linear layer on [u, v, |u - v|, u * v];
             "cosine" (regression only), cos(u, v) standardized by a one-channel batch norm
             (batch statistics in training, running ones in evaluation) and its affine map, so
-            a fresh head predicts the targets' mean with their spread.
+            from its first training batch the head predicts the targets' mean and spread.
         target: (mean, std) of the regression targets (ignored for classification).
         init_std: std of the normal initialization of the new linear layer.
     """
@@ -193,9 +201,7 @@ class SequenceClassifier(nn.Module):
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
         )
         if self.cosine:
-            return self.target_mean + self.target_std * self.standardize(
-                pair_cosine(self.dropout(features_ND))
-            )
+            return self.to_target(self.standardize(pair_cosine(self.dropout(features_ND))))
         if self.siamese:
             return self.classify(pair_features(features_ND))
         return self.classify(features_ND)
@@ -224,22 +230,38 @@ class SequenceClassifier(nn.Module):
         return h_BTD[rows, last_token_index(attention_mask)]
 
     def classify(self, features_BD: torch.Tensor) -> torch.Tensor:
-        """(B, D) features (B, 4D when siamese) -> (B, C) scores (dropout, then the linear
-        layer; for regression in the targets' units)."""
+        """(B, D) features (B, 4D when siamese) -> (B, C) scores: dropout, then the linear
+        layer (for regression in the targets' units). Not for the cosine pair score, which
+        scores pairs of rows (`forward`)."""
+        if self.cosine:
+            raise ValueError("a cosine pair head scores pairs of texts, not feature rows")
         scores_BC = self.classifier(self.dropout(features_BD))
-        if self.n_outputs == 1:
-            return self.target_mean + self.target_std * scores_BC
-        return scores_BC
+        return self.to_target(scores_BC) if self.n_outputs == 1 else scores_BC
+
+    def to_target(self, standardized_B1: torch.Tensor) -> torch.Tensor:
+        """A regression output in the targets' units: mean + std * the standardized value."""
+        return self.target_mean + self.target_std * standardized_B1
 
     def standardize(self, cos_B1: torch.Tensor) -> torch.Tensor:
-        """The cosine score's norm; a training batch of one pair (no spread to measure) uses the
-        running statistics, as evaluation does."""
+        """The cosine score's norm. Training: by the batch's statistics, which the running ones
+        follow (the first training batch sets them, so that evaluation never meets the
+        placeholder mean 0 and variance 1; then the norm's momentum); a batch of one pair has
+        no spread to measure and uses the running statistics, as evaluation does."""
         norm = self.classifier
         assert isinstance(norm, nn.BatchNorm1d)
-        if self.training and cos_B1.shape[0] > 1:
-            return norm(cos_B1)
+        training = self.training and cos_B1.shape[0] > 1
+        first = bool(norm.num_batches_tracked == 0)
+        if training:
+            norm.num_batches_tracked.add_(1)
         return F.batch_norm(
-            cos_B1, norm.running_mean, norm.running_var, norm.weight, norm.bias, eps=norm.eps
+            cos_B1,
+            norm.running_mean,
+            norm.running_var,
+            norm.weight,
+            norm.bias,
+            training=training,
+            momentum=1.0 if first else norm.momentum,
+            eps=norm.eps,
         )
 
 

@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from datamodules.finetune import FinetuneDataModule
 from datamodules.tasks import LabelMap, TaskSpec, save_labels
 from models.config import BertConfig, GPTConfig
-from models.heads import PAIR_SCORES, POOLINGS
+from models.heads import PAIR_SCORES, POOLINGS, default_pair_score
 from pipeline.checkpoints import AtomicCheckpointIO, CheckpointExtras
 from pipeline.cli import command_overrides
 from pipeline.config import ConfigError
@@ -64,12 +64,16 @@ from tokenizer import atomic_path, write_text_atomic
 log = logging.getLogger(__name__)
 
 
+# Widths up to this are the mini and tiny BERTs (and GPT mini): their own fine-tuning defaults.
+MINI_WIDTH = 256
+
+
 def default_lr(config: BertConfig | GPTConfig) -> float:
     """The fine-tuning learning rate when `optim.lr` is null, by model width: 2e-5 for large,
     3e-5 for base (the BERT paper's grid is 2e-5..5e-5), 5e-5 for small/medium and 1e-4 for
     mini/tiny models (Turc et al. 2019 found the small BERTs want the top of 3e-5..1e-4)."""
     width = config.d_model
-    if width <= 256:
+    if width <= MINI_WIDTH:
         return 1e-4
     if width <= 512:
         return 5e-5
@@ -79,11 +83,11 @@ def default_lr(config: BertConfig | GPTConfig) -> float:
 
 
 def default_epochs(config: BertConfig | GPTConfig) -> int:
-    """The fine-tuning epochs when `trainer.max_epochs` is null, by model width: 3 (the BERT
-    paper's 2-4) from width 512 up, and 10 for mini/tiny models, whose short fine-tunes stopped
-    before they had learned the quick suite's 2,000-example tasks (README, "Fine-tuning
-    settings for mini widths": 3 seeds of the quick suite on a 20-minute BERT mini)."""
-    return 10 if config.d_model <= 256 else 3
+    """The fine-tuning epochs when `trainer.max_epochs` is null, by model width: 10 for
+    mini/tiny models, whose 3-epoch fine-tunes stopped before they had learned the quick suite's
+    2,000-example tasks (README, "Fine-tuning settings for mini widths": 3 seeds of the quick
+    suite on a 20-minute BERT mini), and the BERT paper's 3 for wider ones."""
+    return 10 if config.d_model <= MINI_WIDTH else 3
 
 
 def optimizer_factory(cfg: DictConfig, config: BertConfig | GPTConfig):
@@ -161,7 +165,7 @@ def build_datamodule(
 # Widths up to this (BERT mini and tiny) read pair tasks with a siamese head by default: in a
 # one-seed screen of a 20-minute BERT mini (README, "Is the pretrained model any good?") it beat
 # the cross-encoder on STS-B, MRPC and RTE, pretrained and from scratch.
-SIAMESE_UP_TO_WIDTH = 256
+SIAMESE_UP_TO_WIDTH = MINI_WIDTH
 
 
 def head_spec(
@@ -182,7 +186,7 @@ def head_spec(
     regression = task.is_regression
     pair_score = cfg.head.get("pair_score")
     if pair_score is None:
-        pair_score = "cosine" if siamese and regression else "features"
+        pair_score = default_pair_score(regression) if siamese else "features"
     if pair_score not in PAIR_SCORES:
         raise ConfigError(
             f"head.pair_score={pair_score!r} is not known; use head.pair_score=null, features "
@@ -275,6 +279,10 @@ def finetune(
         auto_insert_metric_name=False,
         enable_version_counter=False,
     )
+    epochs = cfg.trainer.max_epochs
+    if epochs is None:  # the width's default, recorded as resolved (checkpoint, loggers)
+        epochs = default_epochs(backbone.config)
+        cfg = OmegaConf.merge(cfg, {"trainer": {"max_epochs": epochs}})
     config = OmegaConf.to_container(cfg, resolve=True)
     # fine-tunes of a checkpoint join its wandb project and group
     pretraining = source.record.wandb
@@ -286,10 +294,8 @@ def finetune(
         name=f"{task.name}-{run_dir.name}",
         job_type="finetune",
     )
-    epochs = cfg.trainer.max_epochs or default_epochs(backbone.config)
     trainer = instantiate(
         cfg.trainer,
-        max_epochs=epochs,
         precision=cfg.trainer.precision or best_precision(),
         logger=loggers or False,
         callbacks=[

@@ -6,12 +6,13 @@ Every `every_n_steps` optimizer steps, at the end of training, and once before t
 (the random-init reference), `Probe` encodes a labelled task's texts with the model being
 trained, frozen, and fits a linear model on the mean of each text's last-layer token states
 (`models.heads.mean_token_states`; no trained pooler needed). A pair's two texts are encoded
-apart and read as the fine-tuning head reads them (`models.heads`): a regression pair by the
-cosine of the two, a classification pair by [u, v, |u - v|, u * v]; read as one sequence, their
-mean state says little of how the two relate. The linear model: logistic regression for classes,
+apart and read as a mini model's fine-tuning head reads them by default
+(`models.heads.default_pair_score`): a regression pair by the cosine of the two, a
+classification pair by [u, v, |u - v|, u * v]; read as one sequence, their mean state says
+little of how the two relate. The linear model: logistic regression for classes,
 ridge regression for numbers (`pipeline.baselines.fit_linear`), on a fixed sample of the
 task's training examples, scored on a fixed sample of its dev split with the task's own
-metrics. With the defaults (500 + 500 texts of two tasks, every 200 steps) a probe of BERT mini
+metrics. With the defaults (500 + 500 examples of two tasks, every 200 steps) a probe of BERT mini
 takes a few seconds on a CPU, a few percent of a 20-minute run. The values go
 to every logger as `probe/<task>/<metric>` (and `probe/seconds`, the time the probes took) and
 `make report` plots them over steps, with the step-0 value as the random-init line.
@@ -35,7 +36,13 @@ from torch.utils.data import DataLoader
 
 from datamodules.finetune import FinetuneDataModule
 from datamodules.tasks import TaskSpec
-from models.heads import backbone_of, mean_token_states, pair_cosine, pair_features
+from models.heads import (
+    backbone_of,
+    default_pair_score,
+    mean_token_states,
+    pair_cosine,
+    pair_features,
+)
 from pipeline.baselines import dev_scores, fit_linear, predict_linear, standardize
 
 log = logging.getLogger(__name__)
@@ -56,7 +63,8 @@ class _ProbeData:
         """A batch's features from its rows' mean states (pairs: rows 2i and 2i + 1)."""
         if not self.task.is_pair:
             return states_ND
-        return (pair_cosine if self.task.is_regression else pair_features)(states_ND)
+        cosine = default_pair_score(self.task.is_regression) == "cosine"
+        return (pair_cosine if cosine else pair_features)(states_ND)
 
 
 class Probe(L.Callback):
@@ -69,7 +77,7 @@ class Probe(L.Callback):
         every_n_steps: probe after every this many optimizer steps (and at the end).
         train_examples: the probe's training sample per task (a fixed random sample).
         dev_examples: the sample of the task's dev split it is scored on.
-        batch_size: texts per forward pass.
+        batch_size: examples per forward pass (a pair task's are twice as many rows).
     """
 
     def __init__(

@@ -29,7 +29,7 @@ from torch import nn
 
 from datamodules.tasks import LabelMap
 from models.config import BertConfig, GPTConfig
-from models.heads import DocumentClassifier, SequenceClassifier, sequence_loss
+from models.heads import PAIR_SCORES, DocumentClassifier, SequenceClassifier, sequence_loss
 from pipeline.checkpoint_record import CheckpointLoadError, CheckpointRecord
 from pipeline.families import family_named
 from pipeline.load import (
@@ -91,6 +91,9 @@ class HeadSpec:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> HeadSpec:
+        pair_score = record.get("pair_score", "features")  # older checkpoints: features
+        if pair_score not in PAIR_SCORES:
+            raise ValueError(f"unknown pair_score {pair_score!r} (known: {PAIR_SCORES})")
         return cls(
             task=record["task"],
             label_map=LabelMap(record["kind"], tuple(record["labels"])),
@@ -99,7 +102,7 @@ class HeadSpec:
             dropout=float(record.get("dropout", 0.1)),
             pooling=record.get("pooling"),  # older checkpoints: the family's own, joint pairs
             siamese=bool(record.get("siamese", False)),
-            pair_score=record.get("pair_score", "features"),
+            pair_score=pair_score,
             target=tuple(float(t) for t in record.get("target", (0.0, 1.0))),
         )
 

@@ -132,7 +132,7 @@ def test_a_cosine_pair_score_is_the_standardized_cosine_of_the_two_texts_read_al
     """Regression read apart, pair_score="cosine": mean + std * norm(cos(u, v)) with u and v
     each text's own features; training standardizes by the batch, so a fresh head's
     predictions have the targets' mean and spread whatever the cosines' level; evaluation
-    uses the running statistics it learned."""
+    uses the running statistics, which the first training batch sets."""
     torch.manual_seed(0)
     bert = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
     mean, std = 2.5, 1.5
@@ -149,7 +149,9 @@ def test_a_cosine_pair_score_is_the_standardized_cosine_of_the_two_texts_read_al
     torch.testing.assert_close(trained, mean + std * standardized, atol=1e-4, rtol=0)
     assert trained.mean().item() == pytest.approx(mean, abs=1e-4)
     norm = head.classifier
-    torch.testing.assert_close(norm.running_mean, 0.1 * cos.mean().reshape(1))
+    # the first training batch sets the running statistics (not mean 0, variance 1)
+    torch.testing.assert_close(norm.running_mean, cos.mean().reshape(1))
+    torch.testing.assert_close(norm.running_var, cos.var().reshape(1))
     with torch.no_grad():
         evaluated = head.eval()(ids, attention_mask=mask).squeeze(-1)
     running = (cos - norm.running_mean) / (norm.running_var + norm.eps).sqrt()
@@ -165,6 +167,9 @@ def test_the_cosine_pair_score_is_for_regression_pairs_only():
         SequenceClassifier(bert, 3, siamese=True, pair_score="cosine")
     with pytest.raises(ValueError, match="pair_score"):
         SequenceClassifier(bert, 1, siamese=True, pair_score="dot")
+    cosine = SequenceClassifier(bert, 1, siamese=True, pair_score="cosine")
+    with pytest.raises(ValueError, match="scores pairs of texts"):
+        cosine.classify(torch.zeros(2, bert.config.d_model))  # e.g. a document's chunks
     # a single-text head ignores it: its linear layer reads the features
     assert isinstance(SequenceClassifier(bert, 1, pair_score="cosine").classifier, torch.nn.Linear)
 

@@ -48,7 +48,9 @@ def train_scores(folder: Path) -> list[float]:
 def test_a_fresh_regression_head_predicts_the_training_targets_mean(setup):
     """Before any step the model predicts the mean of the training targets (so the dev loss
     starts near their variance, not near mean^2 + variance)."""
-    results, run_dir = tune(setup, "standardized", "trainer.max_epochs=1", "optim.lr=1e-12")
+    results, run_dir = tune(
+        setup, "standardized", "trainer.max_epochs=1", "optim.lr=1e-12", "head.pair_score=features"
+    )
     scores = torch.tensor(train_scores(setup))
     tuned = load_finetuned(run_dir)
     expected = (float(scores.mean()), float(scores.std(correction=0)))
@@ -62,14 +64,20 @@ def test_a_fresh_regression_head_predicts_the_training_targets_mean(setup):
 
 
 def test_a_siamese_head_learns_word_overlap_that_a_fresh_cross_encoder_does_not(setup):
-    """From random weights, 4 epochs of 300 pairs: the siamese head's [u, v, |u - v|, u * v]
-    of mean-pooled states picks up how many words the texts share (the label); one sequence
-    `A [SEP] B` through an untrained encoder does not."""
+    """From random weights, 4 epochs of 300 pairs: both siamese scores of mean-pooled states,
+    the linear layer on [u, v, |u - v|, u * v] and the standardized cosine, pick up how many
+    words the texts share (the label); one sequence `A [SEP] B` through an untrained encoder
+    does not."""
     common = ("trainer.max_epochs=4", "head.pooling=mean")
-    siamese, _ = tune(setup, "siamese", *common, "head.siamese=true")
     joint, _ = tune(setup, "joint", *common, "head.siamese=false")
-    assert siamese.best.metrics["dev"]["spearman"] > 0.25
-    assert siamese.best.metrics["dev"]["spearman"] > joint.best.metrics["dev"]["spearman"] + 0.15
+    joint_score = joint.best.metrics["dev"]["spearman"]
+    for score in ("features", "cosine"):
+        siamese, run_dir = tune(
+            setup, score, *common, "head.siamese=true", f"head.pair_score={score}"
+        )
+        assert load_finetuned(run_dir).module.head.pair_score == score
+        assert siamese.best.metrics["dev"]["spearman"] > 0.25, score
+        assert siamese.best.metrics["dev"]["spearman"] > joint_score + 0.15, score
 
 
 def test_a_siamese_model_evaluates_and_predicts_as_it_was_trained(setup, tmp_path):
@@ -132,3 +140,23 @@ def test_the_cosine_pair_score_needs_a_regression_pair_read_apart(setup):
 def test_an_unknown_pooling_is_a_config_error(setup):
     with pytest.raises(ConfigError, match="head.pooling='max'"):
         tune(setup, "bad", "head.pooling=max")
+
+
+def test_a_head_record_round_trips_and_refuses_an_unknown_pair_score():
+    from datamodules.tasks import LabelMap
+    from pipeline.task_module import HeadSpec
+
+    spec = HeadSpec(
+        "stsb",
+        LabelMap("regression"),
+        ("spearman", "pearson"),
+        pooling="mean",
+        siamese=True,
+        pair_score="cosine",
+        target=(2.5, 1.5),
+    )
+    assert HeadSpec.from_record(spec.record()) == spec
+    older = {k: v for k, v in spec.record().items() if k != "pair_score"}
+    assert HeadSpec.from_record(older).pair_score == "features"  # written before it existed
+    with pytest.raises(ValueError, match="unknown pair_score 'dot'"):
+        HeadSpec.from_record({**spec.record(), "pair_score": "dot"})
