@@ -250,8 +250,10 @@ class SequenceClassifier(nn.Module):
         norm = self.classifier
         assert isinstance(norm, nn.BatchNorm1d)
         training = self.training and cos_B1.shape[0] > 1
-        first = bool(norm.num_batches_tracked == 0)
-        if training:
+        momentum = norm.momentum
+        if training:  # (evaluation reads no counter: no host-device sync on that path)
+            if int(norm.num_batches_tracked) == 0:
+                momentum = 1.0
             norm.num_batches_tracked.add_(1)
         return F.batch_norm(
             cos_B1,
@@ -260,7 +262,7 @@ class SequenceClassifier(nn.Module):
             norm.weight,
             norm.bias,
             training=training,
-            momentum=1.0 if first else norm.momentum,
+            momentum=momentum,
             eps=norm.eps,
         )
 
