@@ -356,3 +356,108 @@ class HFDatasetCorpus:
 
     def describe(self) -> str:
         return f"Hugging Face dataset {self.name}/{self.config} [{self.split}]"
+
+
+@dataclass
+class TaskTextsCorpus:
+    """The unlabelled texts of fine-tuning tasks' training splits, as pretraining documents.
+
+    Pretraining on the text of the tasks a model will be fine-tuned on (task-adaptive
+    pretraining, Gururangan et al. 2020, "Don't Stop Pretraining") puts a small budget where the
+    tasks are: their vocabulary, their domain, their sentence shapes. Only each task's training
+    split is read, labels ignored; a dev, test or carved-out dev split never is, so nothing that
+    is scored later is seen while pretraining.
+
+    Documents: a pair task's example is one document of its two texts (one per line); a
+    single-text task's examples are grouped, `texts_per_document` per document, in file order.
+
+    Attributes:
+        tasks: task name -> `datamodules.tasks.TaskSpec` (in a config: `defaults` entries
+            `/task@data.tasks.<name>: <name>`, as `conf/data/glue_texts.yaml` does).
+        texts_per_document: single texts per document.
+    """
+
+    tasks: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={_NOT_IN_KEY: "each task's name, text columns and training file are in it"},
+    )
+    texts_per_document: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise CorpusError(
+                "data.tasks is empty; name the tasks whose training texts to read, e.g. "
+                "data=glue_texts"
+            )
+        if self.texts_per_document < 1:
+            raise CorpusError(f"data.texts_per_document={self.texts_per_document}: use 1 or more")
+        self.tasks = dict(self.tasks)
+        for name, spec in self.tasks.items():
+            source = spec.source(spec.train_split)
+            if not source.is_file():
+                raise CorpusError(
+                    f"data.tasks.{name}: training file {source} does not exist; set GLUE_DIR "
+                    f"(or data.tasks.{name}.data_dir) to the folder that holds it"
+                )
+
+    def documents(self) -> Iterator[str]:
+        for spec in self.tasks.values():
+            texts = [_join(list(example.texts)) for example in _training_examples(spec)]
+            if spec.is_pair:
+                yield from (t for t in texts if t)
+                continue
+            for start in range(0, len(texts), self.texts_per_document):
+                if doc := _join(texts[start : start + self.texts_per_document]):
+                    yield doc
+
+    def fingerprint(self) -> str:
+        content = [
+            [name, spec.text_columns, spec.train_split, spec.dev_fraction, spec.split_seed]
+            for name, spec in self.tasks.items()
+        ]
+        files = [str(spec.source(spec.train_split)) for spec in self.tasks.values()]
+        content.append(_files_key(files))
+        return _fingerprint(self, content)
+
+    def describe(self) -> str:
+        return f"training texts of task(s) {', '.join(self.tasks)} (labels unused)"
+
+
+def _training_examples(spec) -> list:
+    """The examples of a task's training split; with `dev_fraction`, only the part that is not
+    carved out as its dev split."""
+    from datamodules.task_files import read_examples, task_examples
+
+    if spec.dev_fraction is not None:
+        return task_examples(spec, spec.train_split)
+    return read_examples(spec, spec.train_split, labelled=False)
+
+
+@dataclass
+class ConcatCorpus:
+    """Several corpora read one after another, as one (e.g. WikiText-2 and task texts).
+
+    Attributes:
+        parts: the corpora, in reading order: a list, or a mapping of names to corpora (in a
+            config: `defaults` entries `/data@parts.<name>: <data config>`, as
+            `conf/data/wikitext2_glue_texts.yaml` does).
+    """
+
+    parts: list[Any] | dict[str, Any] = field(
+        default_factory=list, metadata={_NOT_IN_KEY: "each part's own fingerprint is in it"}
+    )
+
+    def __post_init__(self) -> None:
+        self.parts = list(self.parts.values() if isinstance(self.parts, dict) else self.parts)
+        if not self.parts:
+            raise CorpusError("data.parts is empty; give at least one corpus")
+
+    def documents(self) -> Iterator[str]:
+        for part in self.parts:
+            yield from part.documents()
+
+    def fingerprint(self) -> str:
+        return _fingerprint(self, [part.fingerprint() for part in self.parts])
+
+    def describe(self) -> str:
+        return " + ".join(part.describe() for part in self.parts)

@@ -98,6 +98,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
     _check_optimizer(cfg.optim)
     _check_muon(cfg.optim, cfg.trainer)
     _check_probe(cfg.get("probe"), cfg.trainer)
+    _check_word_vectors(cfg.get("word_vectors"), cfg.trainer)
     _check_trainer(cfg.trainer)
     _check_budget(cfg.trainer, cfg.schedule)
     _check_run(cfg)
@@ -201,6 +202,21 @@ def _shards_weights(trainer: DictConfig) -> bool:
     """Whether the trainer's strategy is FSDP (each process holds a shard of every weight)."""
     strategy = trainer.get("strategy")
     return isinstance(strategy, DictConfig) and "fsdp" in str(strategy.get("_target_", ""))
+
+
+def _check_word_vectors(node: DictConfig | None, trainer: DictConfig) -> None:
+    """Word vectors overwrite the whole embedding matrix on each process
+    (pipeline/word_vectors.py)."""
+    if node is None:
+        return
+    if _shards_weights(trainer):
+        raise ConfigError(
+            "word_vectors=ppmi is not supported with trainer=fsdp (sharded weights); use "
+            "trainer=ddp, or drop it (word_vectors=null)"
+        )
+    window = node.get("window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ConfigError(f"word_vectors.window={window!r}: use a positive integer, e.g. 5")
 
 
 def _check_probe(probe: DictConfig | None, trainer: DictConfig) -> None:

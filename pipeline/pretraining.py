@@ -49,6 +49,7 @@ from pipeline.modules import PretrainModule
 from pipeline.precision import best_precision
 from pipeline.probe import Probe
 from pipeline.run_folder import attempt_record, first_process
+from pipeline.word_vectors import WordVectorInit
 from tokenizer import get_tokenizer
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,12 @@ def build_trainer(
     *,
     budget: TimeBudget | None = None,
     probe: Probe | None = None,
+    word_vectors: WordVectorInit | None = None,
     resumed: CheckpointSource | None = None,
 ) -> L.Trainer:
     """The Trainer of a run; `budget`: the callback that sizes a run with a time budget;
-    `probe`: downstream probes; `resumed`: the checkpoint the run resumes from, already read
+    `probe`: downstream probes; `word_vectors`: the corpus's word vectors for the embeddings
+    of a fresh run; `resumed`: the checkpoint the run resumes from, already read
     (Lightning gets its contents instead of reading the file again; its wandb run is
     continued, pipeline/loggers.py)."""
     resume_id = resumed.record.wandb.get("id") if resumed is not None else None
@@ -93,6 +96,7 @@ def build_trainer(
             Throughput(),
             extras,
             *([budget] if budget else []),
+            *([word_vectors] if word_vectors else []),  # before the step-0 probe
             *([probe] if probe else []),
             ValidateLastStep(),
             GracefulStop(),
@@ -155,7 +159,17 @@ def assemble(
     )
     budget = TimeBudget(seconds, pace) if pace is not None else None
     probe = build_probe(cfg.get("probe"), tokenizer, plan)
-    trainer = build_trainer(cfg, run_dir, extras, budget=budget, probe=probe, resumed=resumed)
+    node = cfg.get("word_vectors")
+    word_vectors = WordVectorInit(node.window) if node is not None else None
+    trainer = build_trainer(
+        cfg,
+        run_dir,
+        extras,
+        budget=budget,
+        probe=probe,
+        word_vectors=word_vectors,
+        resumed=resumed,
+    )
     return module, datamodule, trainer
 
 

@@ -3,7 +3,8 @@
     make pretrain experiment=bert-mini-wikitext2 probe=glue
 
 Every `every_n_steps` optimizer steps, at the end of training, and once before the first step
-(the random-init reference), `Probe` encodes a labelled task's texts with the model being
+(the reference: the starting weights, random or with `word_vectors=ppmi` the counted word
+vectors), `Probe` encodes a labelled task's texts with the model being
 trained, frozen, and fits a linear model on the mean of each text's last-layer token states
 (`models.heads.mean_token_states`; no trained pooler needed). A pair's two texts are encoded
 apart and read as a mini model's fine-tuning head reads them by default

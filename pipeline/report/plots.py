@@ -195,12 +195,12 @@ def probe_columns(runs: list[PretrainRun]) -> list[str]:
 
 def plot_probes(runs: list[PretrainRun], path: Path) -> bool:
     """Downstream probe scores over steps, each with a dotted line at its step-0 value (the
-    randomly initialized model)."""
+    starting model: random, or with `word_vectors=ppmi` the counted word vectors)."""
     columns = probe_columns(runs)
     if not columns:
         return False
     figure, axes = new_figure(
-        "Linear probes of the frozen features (dotted: at random init)", "probe score"
+        "Linear probes of the frozen features (dotted: at step 0)", "probe score"
     )
     many = len(runs) > 1
     for r, run in enumerate(runs):

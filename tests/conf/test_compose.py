@@ -19,11 +19,18 @@ from pipeline.config import check_config
 from pipeline.optim import build_optimizer
 from pipeline.pretraining import trainer_arguments
 from tests.conftest import CONF, compose_pretrain
+from tests.pipeline.task_data import write_quick_suite_texts
 
 # conf/task/ belongs to fine-tuning, not to pretrain.yaml; tests/datamodules/test_tasks.py
 # instantiates every task config. conf/suite/ belongs to glue.yaml (tests/pipeline/test_glue.py).
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("task", "suite"))
 FILE_DATA = {"text_files", "jsonl", "parquet", "wikitext2"}
+# options that read task files from $GLUE_DIR (and WikiText-2 from $WIKITEXT2_DIR)
+GLUE_TEXTS = {
+    ("data", "glue_texts"),
+    ("data", "wikitext2_glue_texts"),
+    ("experiment", "bert-mini-budget-glue"),
+}
 GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine"}
 # adamw_finetune leaves lr to pipeline/finetuning.py (by model width); tests/pipeline/test_finetune.py
 FINETUNE_ONLY = {("optim", "adamw_finetune")}
@@ -47,6 +54,8 @@ def overrides_for(group: str, option: str, tmp_path: Path, text_file: Path) -> l
     if option in GPT_ONLY_OPTIONS:
         overrides.append("model=gpt")
     reads_local_files = (group == "data" and option in FILE_DATA) or group == "experiment"
+    if (group, option) in GLUE_TEXTS:  # test_option_composes_and_instantiates writes them
+        reads_local_files = False
     if reads_local_files:  # experiments read local files too; tests never need ../shared
         data_file = {"jsonl": tmp_path / "d.jsonl", "parquet": tmp_path / "d.parquet"}.get(
             option, text_file
@@ -72,9 +81,15 @@ def test_every_group_has_options():
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_option_composes_and_instantiates(group, option, tmp_path, text_file):
+def test_option_composes_and_instantiates(group, option, tmp_path, text_file, monkeypatch):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    if (group, option) in GLUE_TEXTS:
+        monkeypatch.setenv("GLUE_DIR", str(tmp_path / "glue"))
+        write_quick_suite_texts(tmp_path / "glue")
+        monkeypatch.setenv("WIKITEXT2_DIR", str(tmp_path))
+        (tmp_path / "train.txt").write_text(" = A = \n one article .\n")
 
     (tmp_path / "d.jsonl").write_text('{"text": "one doc"}\n')
     pq.write_table(pa.table({"text": ["one doc"]}), tmp_path / "d.parquet")

@@ -219,7 +219,19 @@ def _fake_hf_datasets(monkeypatch) -> None:
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))
+# The data configs composed of others (`defaults`: task configs, or other data configs) are
+# covered by tests/datamodules/test_task_texts.py.
+LEAF_DATA_CONFIGS = sorted(
+    p.stem for p in (CONF / "data").glob("*.yaml") if "defaults" not in OmegaConf.load(p)
+)
+
+
+def test_composed_data_configs_are_the_task_text_ones():
+    composed = {p.stem for p in (CONF / "data").glob("*.yaml")} - set(LEAF_DATA_CONFIGS)
+    assert composed == {"glue_texts", "wikitext2_glue_texts"}
+
+
+@pytest.mark.parametrize("name", LEAF_DATA_CONFIGS)
 def test_every_data_setting_that_changes_the_text_changes_the_fingerprint(
     name, tmp_path, monkeypatch
 ):

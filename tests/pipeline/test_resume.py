@@ -219,6 +219,21 @@ def test_killed_run_with_muon_resumes_exactly(shared_runs):
     assert_resumes_exactly(tmp_path, run, "muon-killed", reference_dir)
 
 
+def test_killed_run_with_word_vectors_resumes_exactly(shared_runs):
+    """word_vectors=ppmi: the counted vectors are set once, before a fresh run's first step; a
+    resumed run keeps its checkpoint's embeddings (setting them again would change every loss
+    after the resume point)."""
+    tmp_path, _ = shared_runs
+    run = (*RUN, "word_vectors=ppmi", f"trainer.max_steps={STEPS}")
+    done = run_pretrain(tmp_path, *run, "run_name=vectors-reference")
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference_dir = tmp_path / "out/bert-tiny/vectors-reference"
+    assert "token embeddings set from PPMI-SVD" in (reference_dir / "pretrain.log").read_text()
+    process = interrupt_mid_run(tmp_path, run, "vectors-killed", signal.SIGKILL)
+    assert process.returncode == -signal.SIGKILL
+    assert_resumes_exactly(tmp_path, run, "vectors-killed", reference_dir)
+
+
 def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_named(tmp_path):
     first = run_pretrain(tmp_path, "model=bert-tiny", "debug=smoke", "run_name=one")
     assert first.returncode == 0, first.stderr[-3000:]
