@@ -18,6 +18,7 @@ Sources:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob as globlib
 import gzip
@@ -373,31 +374,34 @@ class TaskTextsCorpus:
 
     Attributes:
         tasks: task name -> `datamodules.tasks.TaskSpec` (in a config: `defaults` entries
-            `/task@data.tasks.<name>: <name>`, as `conf/data/glue_texts.yaml` does).
+            `/task@tasks.<name>: <name>`, as `conf/data/glue_texts.yaml` does). The task
+            settings that decide the training split (`dev_fraction`, `split_seed`) must be the
+            ones fine-tuning uses, or its carved-out dev split may have been pretrained on.
         texts_per_document: single texts per document.
     """
 
     tasks: dict[str, Any] = field(
         default_factory=dict,
-        metadata={_NOT_IN_KEY: "each task's name, text columns and training file are in it"},
+        metadata={_NOT_IN_KEY: "every setting of every task, and its training file, are in it"},
     )
     texts_per_document: int = 16
 
     def __post_init__(self) -> None:
         if not self.tasks:
             raise CorpusError(
-                "data.tasks is empty; name the tasks whose training texts to read, e.g. "
-                "data=glue_texts"
+                "the task-texts corpus names no task; name the tasks whose training texts to "
+                "read, as conf/data/glue_texts.yaml does"
             )
         if self.texts_per_document < 1:
-            raise CorpusError(f"data.texts_per_document={self.texts_per_document}: use 1 or more")
+            raise CorpusError(f"texts_per_document={self.texts_per_document}: use 1 or more")
         self.tasks = dict(self.tasks)
         for name, spec in self.tasks.items():
             source = spec.source(spec.train_split)
             if not source.is_file():
                 raise CorpusError(
-                    f"data.tasks.{name}: training file {source} does not exist; set GLUE_DIR "
-                    f"(or data.tasks.{name}.data_dir) to the folder that holds it"
+                    f"task {name}: training file {source} does not exist; point GLUE_DIR at "
+                    f"the folder that holds {source.parent.name}/ (e.g. GLUE_DIR=/data/glue "
+                    "make pretrain ...), or drop the task"
                 )
 
     def documents(self) -> Iterator[str]:
@@ -411,10 +415,9 @@ class TaskTextsCorpus:
                     yield doc
 
     def fingerprint(self) -> str:
-        content = [
-            [name, spec.text_columns, spec.train_split, spec.dev_fraction, spec.split_seed]
-            for name, spec in self.tasks.items()
-        ]
+        # every task setting: columns, format, header, bad rows and the carve (labels, kind,
+        # dev_fraction, split_seed) all decide what is read
+        content: list[Any] = [[name, dataclasses.asdict(spec)] for name, spec in self.tasks.items()]
         files = [str(spec.source(spec.train_split)) for spec in self.tasks.values()]
         content.append(_files_key(files))
         return _fingerprint(self, content)

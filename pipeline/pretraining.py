@@ -96,7 +96,7 @@ def build_trainer(
             Throughput(),
             extras,
             *([budget] if budget else []),
-            *([word_vectors] if word_vectors else []),  # before the step-0 probe
+            *([word_vectors] if word_vectors else []),
             *([probe] if probe else []),
             ValidateLastStep(),
             GracefulStop(),
@@ -160,7 +160,8 @@ def assemble(
     budget = TimeBudget(seconds, pace) if pace is not None else None
     probe = build_probe(cfg.get("probe"), tokenizer, plan)
     node = cfg.get("word_vectors")
-    word_vectors = WordVectorInit(node.window) if node is not None else None
+    # a resumed run keeps its checkpoint's embeddings
+    word_vectors = WordVectorInit(node.window) if node is not None and resumed is None else None
     trainer = build_trainer(
         cfg,
         run_dir,

@@ -17,9 +17,10 @@ weight still trains.
 
 Only the run's training documents are read (never its validation documents), the result depends
 only on them and `window` (the SVD's random start comes from its own seeded generator, and the
-training RNG is left as it was), and a resumed run takes its embeddings from its checkpoint instead. Every process of a
-multi-process run computes the same vectors. The matrix must be whole on each process: sharded
-parameters (FSDP) are refused at config time.
+training RNG is left as it was), and a resumed run takes its embeddings from its checkpoint
+instead. In a multi-process run the first process computes the vectors and sends them to the
+others, so every replica starts from the same weights. The matrix must be whole on each
+process: sharded parameters (FSDP) are refused at config time.
 """
 
 from __future__ import annotations
@@ -45,14 +46,20 @@ def cooccurrence(
 ) -> torch.Tensor:
     """(V, V) sparse, coalesced float64 counts of token pairs at most `window` positions apart
     within a document, counted in both directions (symmetric). Documents are read in chunks of
-    about `chunk_tokens` tokens, each counted in a few vectorized passes (one per offset)."""
+    about `chunk_tokens` tokens, each counted in a few vectorized passes (one per offset) and
+    merged into the running counts, so memory goes with the distinct pairs, not the corpus."""
     if window < 1:
         raise ValueError(f"word_vectors.window={window}: use 1 or more")
-    keys: list[torch.Tensor] = []
-    counts: list[torch.Tensor] = []
+    keys: list[torch.Tensor] = [torch.zeros(0, dtype=torch.int64)]  # the running counts ...
+    counts: list[torch.Tensor] = [torch.zeros(0, dtype=torch.int64)]  # ... then this chunk's
 
     def count(chunk: list[np.ndarray]) -> None:
         ids_N = torch.as_tensor(np.concatenate(chunk).astype(np.int64))
+        if len(ids_N) and (int(ids_N.min()) < 0 or int(ids_N.max()) >= vocab_size):
+            raise ValueError(
+                f"token ids outside [0, {vocab_size}) in the documents: the token store does not "
+                "belong to this tokenizer; delete the run's token-store cache and run again"
+            )
         doc_N = torch.repeat_interleave(
             torch.arange(len(chunk)), torch.tensor([len(d) for d in chunk])
         )
@@ -65,6 +72,9 @@ def cooccurrence(
             unique, number = torch.unique(pair_keys, return_counts=True)
             keys.append(unique)
             counts.append(number)
+        merged, where = torch.unique(torch.cat(keys), return_inverse=True)
+        total = torch.zeros(len(merged), dtype=torch.int64).index_add_(0, where, torch.cat(counts))
+        keys[:], counts[:] = [merged], [total]
 
     chunk: list[np.ndarray] = []
     size = 0
@@ -76,19 +86,17 @@ def cooccurrence(
             chunk, size = [], 0
     if chunk:
         count(chunk)
-    if not keys:
-        keys, counts = [torch.zeros(0, dtype=torch.int64)], [torch.zeros(0)]
-    key_K = torch.cat(keys)
+    [key_K], [count_K] = keys, counts
     index_2K = torch.stack([key_K // vocab_size, key_K % vocab_size])
     return torch.sparse_coo_tensor(
-        index_2K, torch.cat(counts).double(), (vocab_size, vocab_size), check_invariants=False
+        index_2K, count_K.double(), (vocab_size, vocab_size), check_invariants=False
     ).coalesce()
 
 
 def ppmi(counts: torch.Tensor, context_power: float = 0.75) -> torch.Tensor:
     """Positive PMI of sparse co-occurrence `counts` (V, V), with the context distribution
     raised to `context_power` (0.75 lowers rare contexts' PMI, as word2vec's negative sampling
-    does): max(0, log P(w, c) / (P(w) P_a(c))). Sparse, same pattern, zeros dropped."""
+    does): max(0, log(P(w, c) / (P(w) P_a(c)))). Sparse, same pattern, zeros dropped."""
     index_2K, count_K = counts.indices(), counts.values()
     word_V = torch.sparse.sum(counts, dim=1).to_dense()
     total = word_V.sum()
@@ -107,8 +115,8 @@ def ppmi_svd_vectors(
     documents: Iterable[np.ndarray], vocab_size: int, dim: int, window: int = 5
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(V, dim) float32 word vectors U sqrt(S) of the truncated SVD of the PPMI matrix of
-    `documents`' token co-occurrences, and the (V,) bool mask of the tokens that occur (the
-    other rows are zero). Deterministic: the SVD's random start is seeded."""
+    `documents`' token co-occurrences, and the (V,) bool mask of the tokens that got a vector
+    (those that occur with a positive PMI somewhere; the other rows are zero). Deterministic: the SVD's random start is seeded."""
     matrix = ppmi(cooccurrence(documents, vocab_size, window))
     seen_V = torch.sparse.sum(matrix, dim=1).to_dense() > 0
     rank = min(dim, vocab_size)
@@ -189,8 +197,11 @@ class WordVectorInit(L.Callback):
         started = time.perf_counter()
         embedding = word_embedding(pl_module.model)
         vocab_size, dim = embedding.weight.shape
-        documents = (data.store.document(int(i)) for i in data.train_documents)
-        vectors, seen = ppmi_svd_vectors(documents, vocab_size, dim, self.window)
+        computed = None
+        if trainer.is_global_zero:  # one process counts; the others get its vectors
+            documents = (data.store.document(int(i)) for i in data.train_documents)
+            computed = ppmi_svd_vectors(documents, vocab_size, dim, self.window)
+        vectors, seen = trainer.strategy.broadcast(computed, src=0)
         count = set_word_vectors(embedding, vectors, seen)
         log.info(
             "word vectors: %d of %d token embeddings set from PPMI-SVD of the training "

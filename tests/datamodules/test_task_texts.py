@@ -87,15 +87,19 @@ def test_fingerprint_follows_training_texts_and_settings_not_dev_files(glue_dir)
     assert instantiate(node).fingerprint() != base
     fewer = TaskTextsCorpus({n: s for n, s in specs.items() if n != "sst2"})
     assert fewer.fingerprint() != instantiate(node).fingerprint()
+    # every task setting that changes what is read changes the key
+    for key, value in [("has_header", True), ("skip_bad_rows", True), ("format", "csv")]:
+        changed = _glue_texts(f"++data.tasks.cola.{key}={value}")
+        assert instantiate(changed).fingerprint() != instantiate(node).fingerprint(), key
 
 
 def test_missing_training_file_names_it_and_the_fix(glue_dir):
     node = _glue_texts()
-    with pytest.raises(Exception, match=r"data\.tasks\.sst2: training file .*SST-2/train\.tsv"):
+    with pytest.raises(Exception, match=r"task sst2: training file .*SST-2/train\.tsv"):
         instantiate(node)
     with pytest.raises(CorpusError, match="GLUE_DIR"):
         TaskTextsCorpus(_specs(node))
-    with pytest.raises(CorpusError, match="data.tasks is empty"):
+    with pytest.raises(CorpusError, match="names no task"):
         TaskTextsCorpus({})
     with pytest.raises(CorpusError, match="texts_per_document=0"):
         TaskTextsCorpus(_specs(node), 0)

@@ -39,6 +39,15 @@ def test_cooccurrence_counts_pairs_within_the_window_and_each_document():
         cooccurrence(docs, 5, 0)
 
 
+def test_counts_do_not_depend_on_how_documents_are_chunked():
+    docs = _two_topic_documents()
+    whole = cooccurrence(docs, vocab_size=20, window=3).to_dense()
+    chunked = cooccurrence(docs, vocab_size=20, window=3, chunk_tokens=50).to_dense()
+    assert torch.equal(whole, chunked) and whole.sum() > 0
+    with pytest.raises(ValueError, match=r"token ids outside \[0, 10\)"):
+        cooccurrence(docs, vocab_size=10, window=3)
+
+
 def test_ppmi_is_the_positive_part_of_smoothed_pmi():
     dense = torch.tensor([[0, 4, 1], [4, 0, 2], [1, 2, 6]], dtype=torch.float64)
     got = ppmi(dense.to_sparse(), context_power=0.75).to_dense()
