@@ -29,6 +29,7 @@ from models.config import BertConfig, GPTConfig
 from pipeline.families import family_named
 from pipeline.muon import MuonWithAdamW
 from pipeline.schedules import warmup_cosine, warmup_linear_decay
+from pipeline.word_vectors import WordVectorInit
 from tokenizer import load_tokenizer
 
 SEED = 7
@@ -134,7 +135,14 @@ class Recorder(L.Callback):
 
 
 def main(
-    family: str, tokenizer_json: str, cache_dir: str, out: str, steps: int, k: int, optim: str
+    family: str,
+    tokenizer_json: str,
+    cache_dir: str,
+    out: str,
+    steps: int,
+    k: int,
+    optim: str,
+    word_vectors: bool = False,
 ) -> None:
     torch.set_num_threads(1)  # two ranks share the machine's cores
     L.seed_everything(SEED, workers=True)
@@ -167,11 +175,12 @@ def main(
         enable_model_summary=False,
         enable_checkpointing=False,
         logger=False,
-        callbacks=[Recorder(Path(out), k)],
+        # word vectors (pipeline/word_vectors.py) before the recorder's look at the initial weights
+        callbacks=[*([WordVectorInit()] if word_vectors else []), Recorder(Path(out), k)],
     )
     trainer.fit(module, datamodule=datamodule)
 
 
 if __name__ == "__main__":
-    family, tokenizer_json, cache_dir, out, steps, k, *optim = sys.argv[1:]
-    main(family, tokenizer_json, cache_dir, out, int(steps), int(k), *(optim or ["adamw"]))
+    family, tokenizer_json, cache_dir, out, steps, k, optim, *rest = sys.argv[1:]
+    main(family, tokenizer_json, cache_dir, out, int(steps), int(k), optim, rest == ["vectors"])

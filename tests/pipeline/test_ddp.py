@@ -35,9 +35,11 @@ def failure_report(output: str) -> str:
     return "\n".join(errors) + "\n--- end of output ---\n" + output[-3000:]
 
 
-def run_ddp(tmp_path: Path, family: str, accumulate: int, optim: str = "adamw") -> list[dict]:
-    """Train with 2 DDP ranks (`optim`: adamw or muon); returns each rank's record (see
-    `ddp_run.py`)."""
+def run_ddp(
+    tmp_path: Path, family: str, accumulate: int, optim: str = "adamw", vectors: bool = False
+) -> list[dict]:
+    """Train with 2 DDP ranks (`optim`: adamw or muon; `vectors`: word_vectors=ppmi); returns
+    each rank's record (see `ddp_run.py`)."""
     # WordPiece/BPE training is not reproducible across processes: train once, here, and let
     # both ranks load the file.
     vocab = 2000 if family == "bert" else 1000
@@ -49,6 +51,7 @@ def run_ddp(tmp_path: Path, family: str, accumulate: int, optim: str = "adamw") 
     out = tmp_path / "out"
     out.mkdir()
     args = [family, tokenizer_json, tmp_path / "cache", out, STEPS, accumulate, optim]
+    args += ["vectors"] if vectors else []
     process = subprocess.Popen(
         [sys.executable, str(SCRIPT), *map(str, args)],
         cwd=REPO,
@@ -149,3 +152,15 @@ def test_ddp_ranks_train_identical_weights_on_disjoint_data(tmp_path, family, ac
         torch.testing.assert_close(
             grad, expected[name], rtol=1e-4, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}"
         )
+
+
+def test_ddp_ranks_start_from_the_same_counted_word_vectors(tmp_path):
+    """word_vectors=ppmi with 2 ranks: the first counts, the others receive its vectors, and
+    both replicas start from the same embedding, one whose counted rows all have the same norm
+    (set_word_vectors scales each to the mean norm of the random rows), unlike a random one."""
+    first, second = run_ddp(tmp_path, "bert", 1, vectors=True)
+    name = "bert.embeddings.word.weight"
+    assert torch.equal(first["initial"][name], second["initial"][name])
+    norms = first["initial"][name].norm(dim=1)
+    share_one_norm = ((norms - norms.median()).abs() < 1e-4).float().mean()
+    assert share_one_norm > 0.5, f"only {share_one_norm:.0%} of the rows share the counted norm"
