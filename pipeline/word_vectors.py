@@ -186,9 +186,7 @@ class WordVectorInit(L.Callback):
     """
 
     def __init__(self, window: int = 5) -> None:
-        if window < 1:
-            raise ValueError(f"word_vectors.window={window}: use 1 or more")
-        self.window = window
+        self.window = window  # checked by the config (a ConfigError) and by `cooccurrence`
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.ckpt_path is not None:  # resumed: the checkpoint holds the embeddings
