@@ -24,6 +24,7 @@ from datamodules.objective import (
 )
 from models.config import BertConfig, GPTConfig
 from pipeline.budget import budget_seconds
+from pipeline.corpus_init import OUTPUT_BIAS_CHOICES
 from pipeline.families import UnknownFamilyError, family_of_config
 from pipeline.schedules import resolve_warmup
 from tokenizer import TokenizerSpec
@@ -99,6 +100,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
     _check_muon(cfg.optim, cfg.trainer)
     _check_probe(cfg.get("probe"), cfg.trainer)
     _check_word_vectors(cfg.get("word_vectors"), cfg.trainer)
+    _check_output_bias(cfg.get("output_bias", "zeros"), family.name, cfg.trainer)
     _check_trainer(cfg.trainer)
     _check_budget(cfg.trainer, cfg.schedule)
     _check_run(cfg)
@@ -217,6 +219,28 @@ def _check_word_vectors(node: DictConfig | None, trainer: DictConfig) -> None:
     window = node.get("window")
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ConfigError(f"word_vectors.window={window!r}: use a positive integer, e.g. 5")
+
+
+def _check_output_bias(choice: object, family: str, trainer: DictConfig) -> None:
+    """`output_bias=unigram` sets BERT's masked-LM bias, whole, on each process
+    (pipeline/corpus_init.py)."""
+    if choice not in OUTPUT_BIAS_CHOICES:
+        raise ConfigError(
+            f"output_bias={choice!r}: use one of {', '.join(OUTPUT_BIAS_CHOICES)}, e.g. "
+            "output_bias=unigram"
+        )
+    if choice == "zeros":
+        return
+    if family != "bert":
+        raise ConfigError(
+            f"output_bias={choice} needs an output bias, and a {family} model's output layer has "
+            "none (the Llama layout); drop it (output_bias=zeros)"
+        )
+    if _shards_weights(trainer):
+        raise ConfigError(
+            f"output_bias={choice} is not supported with trainer=fsdp (sharded weights); use "
+            "trainer=ddp, or drop it (output_bias=zeros)"
+        )
 
 
 def _check_probe(probe: DictConfig | None, trainer: DictConfig) -> None:

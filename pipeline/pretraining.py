@@ -34,6 +34,7 @@ from pipeline.checkpoints import (
 )
 from pipeline.cli import launcher_rank
 from pipeline.config import ConfigError, RunPlan
+from pipeline.corpus_init import CorpusInit
 from pipeline.families import family_named
 from pipeline.finetuning import task_from
 from pipeline.interrupt import GracefulStop
@@ -49,7 +50,6 @@ from pipeline.modules import PretrainModule
 from pipeline.precision import best_precision
 from pipeline.probe import Probe
 from pipeline.run_folder import attempt_record, first_process
-from pipeline.word_vectors import WordVectorInit
 from tokenizer import get_tokenizer
 
 log = logging.getLogger(__name__)
@@ -69,12 +69,12 @@ def build_trainer(
     *,
     budget: TimeBudget | None = None,
     probe: Probe | None = None,
-    word_vectors: WordVectorInit | None = None,
+    corpus_init: CorpusInit | None = None,
     resumed: CheckpointSource | None = None,
 ) -> L.Trainer:
     """The Trainer of a run; `budget`: the callback that sizes a run with a time budget;
-    `probe`: downstream probes; `word_vectors`: the corpus's word vectors for the embeddings
-    of a fresh run; `resumed`: the checkpoint the run resumes from, already read
+    `probe`: downstream probes; `corpus_init`: the weights a fresh run counts from its corpus
+    (word vectors, output bias); `resumed`: the checkpoint the run resumes from, already read
     (Lightning gets its contents instead of reading the file again; its wandb run is
     continued, pipeline/loggers.py)."""
     resume_id = resumed.record.wandb.get("id") if resumed is not None else None
@@ -96,7 +96,7 @@ def build_trainer(
             Throughput(),
             extras,
             *([budget] if budget else []),
-            *([word_vectors] if word_vectors else []),
+            *([corpus_init] if corpus_init else []),
             *([probe] if probe else []),
             ValidateLastStep(),
             GracefulStop(),
@@ -159,19 +159,26 @@ def assemble(
     )
     budget = TimeBudget(seconds, pace) if pace is not None else None
     probe = build_probe(cfg.get("probe"), tokenizer, plan)
-    node = cfg.get("word_vectors")
-    # a resumed run keeps its checkpoint's embeddings
-    word_vectors = WordVectorInit(node.window) if node is not None and resumed is None else None
+    corpus_init = build_corpus_init(cfg) if resumed is None else None  # else the checkpoint's
     trainer = build_trainer(
         cfg,
         run_dir,
         extras,
         budget=budget,
         probe=probe,
-        word_vectors=word_vectors,
+        corpus_init=corpus_init,
         resumed=resumed,
     )
     return module, datamodule, trainer
+
+
+def build_corpus_init(cfg: DictConfig) -> CorpusInit | None:
+    """The weights a fresh run counts from its training documents (`word_vectors=ppmi`,
+    `output_bias=unigram`, pipeline/corpus_init.py); None when it counts none."""
+    vectors = cfg.get("word_vectors")
+    window = vectors.window if vectors is not None else None
+    unigram_bias = cfg.get("output_bias", "zeros") == "unigram"
+    return CorpusInit(window, unigram_bias) if window is not None or unigram_bias else None
 
 
 def build_probe(node: DictConfig | None, tokenizer: Tokenizer, plan: RunPlan) -> Probe | None:

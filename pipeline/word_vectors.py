@@ -5,15 +5,15 @@
 A model pretrained for minutes on a CPU learns little about which words are alike: BERT mini's
 word embeddings after an hour of masked-LM training on WikiText-2 are, for a linear probe of
 sentiment, barely better than random ones (README, "Is the pretrained model any good?"). Counting
-does in seconds what gradient steps do slowly: before the first step, `WordVectorInit` counts how
-often each pair of tokens occurs within `window` positions of each other in the run's training
-documents, turns the counts into positive pointwise mutual information with context-distribution
-smoothing (PPMI, Levy, Goldberg & Dagan 2015, "Improving Distributional Similarity with Lessons
-Learned from Word Embeddings"), and factors that sparse (V, V) matrix by a truncated SVD. Row i of
-U sqrt(S) (D columns) becomes token i's embedding, scaled to the average norm of the rows it
-replaces, so the optimizer sees the same scale as from a random start. Tokens that never occur
-(special tokens, rare subwords) keep their random rows. Training then goes on as usual: every
-weight still trains.
+does in seconds what gradient steps do slowly: before the first step (pipeline/corpus_init.py),
+the run counts how often each pair of tokens occurs within `window` positions of each other in
+its training documents, turns the counts into positive pointwise mutual information with
+context-distribution smoothing (PPMI, Levy, Goldberg & Dagan 2015, "Improving Distributional
+Similarity with Lessons Learned from Word Embeddings"), and factors that sparse (V, V) matrix by
+a truncated SVD. Row i of U sqrt(S) (D columns) becomes token i's embedding, scaled to the
+average norm of the rows it replaces, so the optimizer sees the same scale as from a random
+start. Tokens that never occur (special tokens, rare subwords) keep their random rows. Training
+then goes on as usual: every weight still trains.
 
 Only the run's training documents are read (never its validation documents), the result depends
 only on them and `window` (the SVD's random start comes from its own seeded generator, and the
@@ -25,18 +25,13 @@ process: sharded parameters (FSDP) are refused at config time.
 
 from __future__ import annotations
 
-import logging
-import time
 import warnings
 from collections.abc import Iterable
 
-import lightning as L
 import numpy as np
 import torch
 
 from models.heads import backbone_of
-
-log = logging.getLogger(__name__)
 
 SVD_SEED = 0
 
@@ -175,37 +170,3 @@ def set_word_vectors(embedding: torch.nn.Embedding, vectors: torch.Tensor, seen:
     chosen = vectors.to(weight.device)[rows]
     weight[rows] = (chosen / chosen.norm(dim=1, keepdim=True) * scale).to(weight.dtype)
     return len(rows)
-
-
-class WordVectorInit(L.Callback):
-    """Sets the model's word embeddings from the training documents' PPMI-SVD vectors before
-    the first step of a fresh run (`word_vectors=ppmi`); a resumed run is left alone.
-
-    Args:
-        window: tokens on each side that count as co-occurring.
-    """
-
-    def __init__(self, window: int = 5) -> None:
-        self.window = window  # checked by the config (a ConfigError) and by `cooccurrence`
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.ckpt_path is not None:  # resumed: the checkpoint holds the embeddings
-            return
-        data = trainer.datamodule
-        started = time.perf_counter()
-        embedding = word_embedding(pl_module.model)
-        vocab_size, dim = embedding.weight.shape
-        computed = None
-        if trainer.is_global_zero:  # one process counts; the others get its vectors
-            documents = (data.store.document(int(i)) for i in data.train_documents)
-            computed = ppmi_svd_vectors(documents, vocab_size, dim, self.window)
-        vectors, seen = trainer.strategy.broadcast(computed, src=0)
-        count = set_word_vectors(embedding, vectors, seen)
-        log.info(
-            "word vectors: %d of %d token embeddings set from PPMI-SVD of the training "
-            "documents (window %d) in %.1f s",
-            count,
-            vocab_size,
-            self.window,
-            time.perf_counter() - started,
-        )

@@ -9,6 +9,7 @@ import pytest
 
 from bench import bench_data, bench_models, bench_time_to_loss, run_all
 from bench.common import figure
+from pipeline.precision import native_bf16_flags
 
 
 def fake_reports(monkeypatch) -> dict[str, list]:
@@ -102,7 +103,10 @@ def test_end_to_end_at_trivial_sizes(tmp_path):
         ]
     )  # fmt: skip
     benchmarks = {f["benchmark"] for f in report["figures"]}
-    assert {"model step, fp32", "model step, bf16", "data", "time to loss", "memory"} <= benchmarks
+    expected = {"model step, fp32", "data", "time to loss", "memory"}
+    if native_bf16_flags():  # else bench_models skips bf16 and says why
+        expected.add("model step, bf16")
+    assert expected <= benchmarks
     for f in report["figures"]:
         if f["ours"] is not None and f["reference"] is not None:
             assert f["ratio"] == pytest.approx(f["ours"] / f["reference"])

@@ -26,10 +26,10 @@ from datamodules.corpus import EmbeddedCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from models.config import BertConfig, GPTConfig
+from pipeline.corpus_init import CorpusInit
 from pipeline.families import family_named
 from pipeline.muon import MuonWithAdamW
 from pipeline.schedules import warmup_cosine, warmup_linear_decay
-from pipeline.word_vectors import WordVectorInit
 from tokenizer import load_tokenizer
 
 SEED = 7
@@ -175,8 +175,8 @@ def main(
         enable_model_summary=False,
         enable_checkpointing=False,
         logger=False,
-        # word vectors (pipeline/word_vectors.py) before the recorder's look at the initial weights
-        callbacks=[*([WordVectorInit()] if word_vectors else []), Recorder(Path(out), k)],
+        # word vectors (pipeline/corpus_init.py) before the recorder's look at the initial weights
+        callbacks=[*([CorpusInit(window=5)] if word_vectors else []), Recorder(Path(out), k)],
     )
     trainer.fit(module, datamodule=datamodule)
 

@@ -219,16 +219,17 @@ def test_killed_run_with_muon_resumes_exactly(shared_runs):
     assert_resumes_exactly(tmp_path, run, "muon-killed", reference_dir)
 
 
-def test_killed_run_with_word_vectors_resumes_exactly(shared_runs):
-    """word_vectors=ppmi: the counted vectors are set once, before a fresh run's first step; a
-    resumed run keeps its checkpoint's embeddings (setting them again would change every loss
-    after the resume point)."""
+def test_killed_run_with_counted_weights_resumes_exactly(shared_runs):
+    """word_vectors=ppmi and output_bias=unigram: the counted weights are set once, before a
+    fresh run's first step; a resumed run keeps its checkpoint's (setting them again would
+    change every loss after the resume point)."""
     tmp_path, _ = shared_runs
-    run = (*RUN, "word_vectors=ppmi", f"trainer.max_steps={STEPS}")
+    run = (*RUN, "word_vectors=ppmi", "output_bias=unigram", f"trainer.max_steps={STEPS}")
     done = run_pretrain(tmp_path, *run, "run_name=vectors-reference")
     assert done.returncode == 0, done.stderr[-3000:]
     reference_dir = tmp_path / "out/bert-tiny/vectors-reference"
-    assert "token embeddings set from PPMI-SVD" in (reference_dir / "pretrain.log").read_text()
+    log = (reference_dir / "pretrain.log").read_text()
+    assert "token embeddings set from PPMI-SVD" in log and "output bias: the unigram" in log
     process = interrupt_mid_run(tmp_path, run, "vectors-killed", signal.SIGKILL)
     assert process.returncode == -signal.SIGKILL
     assert_resumes_exactly(tmp_path, run, "vectors-killed", reference_dir)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError, check_config
+from pipeline.corpus_init import CorpusInit
 from pipeline.word_vectors import (
-    WordVectorInit,
     cooccurrence,
     ppmi,
     ppmi_svd_vectors,
@@ -139,7 +139,7 @@ def test_a_resumed_run_keeps_its_checkpoint_embeddings():
     before = embedding.weight.detach().clone()
     module = SimpleNamespace(model=SimpleNamespace(embeddings=SimpleNamespace(word=embedding)))
     resumed = SimpleNamespace(ckpt_path="last.ckpt", datamodule=None)
-    WordVectorInit().on_fit_start(resumed, module)  # would fail reading a None datamodule
+    CorpusInit(window=5).on_fit_start(resumed, module)  # would fail reading a None datamodule
     assert torch.equal(embedding.weight, before)
 
 
