@@ -36,6 +36,17 @@ from models.heads import backbone_of
 SVD_SEED = 0
 
 
+def check_token_ids(ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    """`ids` as int64, after checking that every one is a token of the vocabulary."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(
+            f"token ids outside [0, {vocab_size}) in the documents: the token store does not "
+            "belong to this tokenizer; delete the run's token-store cache and run again"
+        )
+    return ids
+
+
 def cooccurrence(
     documents: Iterable[np.ndarray], vocab_size: int, window: int, chunk_tokens: int = 1 << 23
 ) -> torch.Tensor:
@@ -49,12 +60,7 @@ def cooccurrence(
     counts: list[torch.Tensor] = [torch.zeros(0, dtype=torch.int64)]  # ... then this chunk's
 
     def count(chunk: list[np.ndarray]) -> None:
-        ids_N = torch.as_tensor(np.concatenate(chunk).astype(np.int64))
-        if len(ids_N) and (int(ids_N.min()) < 0 or int(ids_N.max()) >= vocab_size):
-            raise ValueError(
-                f"token ids outside [0, {vocab_size}) in the documents: the token store does not "
-                "belong to this tokenizer; delete the run's token-store cache and run again"
-            )
+        ids_N = torch.as_tensor(check_token_ids(np.concatenate(chunk), vocab_size))
         doc_N = torch.repeat_interleave(
             torch.arange(len(chunk)), torch.tensor([len(d) for d in chunk])
         )
