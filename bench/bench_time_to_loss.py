@@ -79,8 +79,9 @@ RECIPE_TARGET = 0.40  # ... and ours with our best recipe, in at most this share
 # 3e-3); GPT more than 83 at lr 1e-3 and 5%, 60.4 at 2e-3 and 2%, 56.3 at 3e-3 and 2%.
 # This bench with them, that afternoon: 0.405 (BERT) / 0.36 (GPT); BERT again: 0.502 (and 0.453
 # for the same-recipe row): BERT's figures move more between runs than between recipes.
-# 2026-11-26, BERT with output_bias=unigram added: 0.284 (same-recipe row 0.526), mostly the
-# bias's head start: 7.55 before any step, against the reference's 7.53 after 300 s (README).
+# 2026-11-26, BERT with output_bias=unigram added: 0.284, then 0.177 (same-recipe rows 0.526,
+# 0.539), mostly the bias's head start: 7.55 before any step, against the reference's 7.53
+# after 300 s (README).
 RECIPES: dict[str, list[str]] = {
     "bert": ["optim=muon", "optim.lr=2e-3", "schedule.warmup_ratio=0.02", "output_bias=unigram"],
     "gpt": ["optim=muon", "optim.lr=3e-3", "schedule.warmup_ratio=0.02"],
