@@ -206,16 +206,21 @@ def _shards_weights(trainer: DictConfig) -> bool:
     return isinstance(strategy, DictConfig) and "fsdp" in str(strategy.get("_target_", ""))
 
 
+def _refuse_sharded(trainer: DictConfig, setting: str, drop: str) -> None:
+    """A ConfigError for `setting`, which needs whole weights on each process, under FSDP."""
+    if _shards_weights(trainer):
+        raise ConfigError(
+            f"{setting} is not supported with trainer=fsdp (sharded weights); use trainer=ddp, "
+            f"or {drop}"
+        )
+
+
 def _check_word_vectors(node: DictConfig | None, trainer: DictConfig) -> None:
     """Word vectors overwrite the whole embedding matrix on each process
     (pipeline/word_vectors.py)."""
     if node is None:
         return
-    if _shards_weights(trainer):
-        raise ConfigError(
-            "word_vectors=ppmi is not supported with trainer=fsdp (sharded weights); use "
-            "trainer=ddp, or drop it (word_vectors=null)"
-        )
+    _refuse_sharded(trainer, "word_vectors=ppmi", "drop it (word_vectors=null)")
     window = node.get("window")
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ConfigError(f"word_vectors.window={window!r}: use a positive integer, e.g. 5")
@@ -236,22 +241,14 @@ def _check_output_bias(choice: object, family: str, trainer: DictConfig) -> None
             f"output_bias={choice} needs an output bias, and a {family} model's output layer has "
             "none (the Llama layout); drop it (output_bias=zeros)"
         )
-    if _shards_weights(trainer):
-        raise ConfigError(
-            f"output_bias={choice} is not supported with trainer=fsdp (sharded weights); use "
-            "trainer=ddp, or drop it (output_bias=zeros)"
-        )
+    _refuse_sharded(trainer, f"output_bias={choice}", "drop it (output_bias=zeros)")
 
 
 def _check_probe(probe: DictConfig | None, trainer: DictConfig) -> None:
     """Probes run a forward pass of the whole model outside Lightning's loop (pipeline/probe.py)."""
     if probe is None:
         return
-    if _shards_weights(trainer):
-        raise ConfigError(
-            "probe=... is not supported with trainer=fsdp (sharded weights); use trainer=ddp, "
-            "or drop the probes (probe=null)"
-        )
+    _refuse_sharded(trainer, "probe=...", "drop the probes (probe=null)")
     if not probe.get("tasks"):
         raise ConfigError("probe.tasks is empty: name at least one task, or set probe=null")
     for key in ("every_n_steps", "train_examples", "dev_examples", "batch_size"):
