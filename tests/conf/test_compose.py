@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -29,15 +30,17 @@ FILE_DATA = {"text_files", "jsonl", "parquet", "wikitext2"}
 GLUE_TEXTS_DATA = {"glue_texts", "wikitext2_glue_texts"}
 
 
+@functools.cache
 def reads_glue_texts(group: str, option: str) -> bool:
-    """Whether the option's corpus is the suite's task texts (an experiment: found by composing
-    it, so a new experiment on those texts needs no entry here)."""
+    """Whether the option's corpus is, or contains, the suite's task texts (an experiment: found
+    by composing it, once, so a new experiment on those texts needs no entry here)."""
     if group == "data":
         return option in GLUE_TEXTS_DATA
     if group != "experiment":
         return False
-    target = compose_pretrain(f"experiment={option}").data._target_
-    return target.rsplit(".", 1)[-1] in {"ConcatCorpus", "TaskTextsCorpus"}
+    data = compose_pretrain(f"experiment={option}").data
+    corpora = [data, *data.get("parts", {}).values()]
+    return any(c._target_ == "datamodules.corpus.TaskTextsCorpus" for c in corpora)
 
 
 GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine"}
