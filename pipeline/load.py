@@ -18,6 +18,7 @@ its autocast, and required keys.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -256,8 +257,13 @@ def _unreadable(path: Path, err: Exception) -> CheckpointLoadError:
 def _build_model(
     path: Path, family: str, config: BertConfig | GPTConfig, state: dict[str, torch.Tensor]
 ) -> nn.Module:
-    """The model of `config` holding the weights of `state` (no random init is run: the model
-    is built on the meta device and the checkpoint's tensors are assigned to it)."""
+    """The model of `config` holding a copy of the weights of `state` (no random init is run:
+    the model is built on the meta device and the copies are assigned to it).
+
+    A copy, not the checkpoint's tensors themselves: a `CheckpointSource` is read once and
+    shared by every model built from it (`make glue` builds one per fine-tune), and training
+    changes a model's weights in place, so a model holding the source's tensors would hand its
+    training on to the next model built from that source."""
     with torch.device("meta"):
         model = family_named(family).model_class(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -280,7 +286,8 @@ def _build_model(
             f"({listed}); the checkpoint's model_config and state_dict disagree, so it was "
             "edited or written by a different version of the model code"
         )
-    model.load_state_dict(state, assign=True)
+    # deepcopy keeps tensors that share storage (tied weights) sharing it in the copy
+    model.load_state_dict(copy.deepcopy(state), assign=True)
     return model
 
 

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
 from models.hf import export_hf
+from pipeline import finetuning
 from pipeline.config import ConfigError
 from pipeline.glue import Job, SuiteTask, job_config, plan, run_suite, seeds_of, suite_tasks
 from pipeline.report import write_report
@@ -199,6 +200,44 @@ def assert_started_from(tuned: dict, start: torch.Tensor, init: str) -> None:
         assert correlation > 0.99
     else:
         assert abs(correlation) < 0.1
+
+
+@needs_glue
+def test_every_fine_tune_of_a_suite_starts_from_the_checkpoint(tmp_path, monkeypatch):
+    """The suite reads its checkpoint once for all its fine-tunes. Each must start from the
+    checkpoint's weights, not from what the fine-tune before it trained (as happened on a CPU,
+    when the model held the read checkpoint's tensors and trained them in place)."""
+    write_run(tmp_path / "bert", "bert")
+    original = torch.load(tmp_path / "bert" / "checkpoints" / "last.ckpt", weights_only=False)
+    start = original["state_dict"]["model.bert.embeddings.word.weight"]
+    loaded_words = []
+    load_backbone = finetuning.load_backbone
+
+    def recording(source):
+        pretrained = load_backbone(source)
+        loaded_words.append(pretrained.model.bert.embeddings.word.weight.detach().clone())
+        return pretrained
+
+    monkeypatch.setattr(finetuning, "load_backbone", recording)
+    cfg = compose_config(
+        "glue",
+        f"ckpt={tmp_path / 'bert'}",
+        "tasks=[sst2,rte]",
+        "seeds=2",
+        *SMALL,
+        run_dir=tmp_path / "s",
+    )
+    cfg.task = None
+    monkeypatch.setenv("GLUE_DIR", str(GLUE))
+    run_suite(cfg, load_task)
+    assert len(loaded_words) == 8  # the twin's runs load it too, for its architecture
+    for number, words in enumerate(loaded_words, start=1):
+        assert torch.equal(words, start), f"fine-tune {number} of 8"
+    tuned = torch.load(
+        tmp_path / "s" / "rte" / "pretrained-seed2" / "checkpoints" / "best.ckpt",
+        weights_only=False,
+    )["state_dict"]["model.backbone.embeddings.word.weight"]
+    assert not torch.equal(tuned, start)  # the fine-tunes did train the weights
 
 
 @needs_glue

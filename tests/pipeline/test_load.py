@@ -16,6 +16,7 @@ from pipeline.load import (
     WrongFamilyError,
     expect_family,
     load_pretrained,
+    resolve_checkpoint,
     resolve_device,
 )
 from tests.pipeline.tiny_models import checkpoint_dict, tiny_model, trained_tokenizer, write_run
@@ -74,6 +75,22 @@ def test_checkpoint_weights_are_assigned_without_a_random_init(tmp_path, monkeyp
     loaded = load_pretrained(ckpt).model
     assert all(p.device.type == "cpu" for p in loaded.parameters())
     assert all(p.dtype == torch.float32 for p in loaded.parameters())
+
+
+@pytest.mark.parametrize("family", ["gpt", "bert"])
+def test_models_built_from_one_read_checkpoint_do_not_share_weights(tmp_path, family):
+    """`make glue` reads its checkpoint once and builds a model from it per fine-tune; training
+    one in place must leave the next one at the checkpoint's weights."""
+    _, _, ckpt = write_run(tmp_path, family)
+    source = resolve_checkpoint(ckpt)
+    first = load_pretrained(source).model
+    expected = {k: v.clone() for k, v in first.state_dict().items()}
+    with torch.no_grad():
+        for param in first.parameters():
+            param.add_(1.0)
+    second = load_pretrained(source).model
+    for name, value in second.state_dict().items():
+        assert torch.equal(value, expected[name]), name
 
 
 def test_missing_path(tmp_path):
