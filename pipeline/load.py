@@ -261,9 +261,10 @@ def _build_model(
     the model is built on the meta device and the copies are assigned to it).
 
     A copy, not the checkpoint's tensors themselves: a `CheckpointSource` is read once and
-    shared by every model built from it (`make glue` builds one per fine-tune), and training
-    changes a model's weights in place, so a model holding the source's tensors would hand its
-    training on to the next model built from that source."""
+    shared by every model built from it (`make glue` builds one per fine-tune), and training on
+    a CPU changes a model's weights in place, so a model holding the source's tensors would hand
+    its training on to the next model built from that source (a move to a GPU copies them
+    anyway). The cost: the weights are read into memory at load, once per model."""
     with torch.device("meta"):
         model = family_named(family).model_class(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}

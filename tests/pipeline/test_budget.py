@@ -85,20 +85,20 @@ class SimulatedClock(L.Callback):
 
 
 class SleepySteps(L.Callback):
-    """Adds `seconds` of real time to every training batch, and records how long the longest
-    batch took (sleep included)."""
+    """Adds `seconds` of real time to every training batch, and records the period of the last
+    step: the time from the end of the step before it to its own end."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.started = 0.0
-        self.longest = 0.0
-
-    def on_train_batch_start(self, *args) -> None:
-        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.last_period = 0.0
 
     def on_train_batch_end(self, *args) -> None:
         time.sleep(self.seconds)
-        self.longest = max(self.longest, time.monotonic() - self.started)
+        now = time.monotonic()
+        if self.ended is not None:
+            self.last_period = now - self.ended
+        self.ended = now
 
 
 def budgeted_run(tmp_path, small_docs, budget: float, first_callback: L.Callback):
@@ -121,14 +121,13 @@ def budgeted_run(tmp_path, small_docs, budget: float, first_callback: L.Callback
 
 
 def assert_schedule_complete(module, trainer, run_dir) -> None:
-    """The last step ran at cosine's floor, 0.1 x the peak, and the warmup came near the peak
-    (a plan re-estimated during the warmup can move its end past the step that would have
-    run at the peak itself; seen on a heavily loaded machine)."""
+    """The last step ran at cosine's floor, 0.1 x the configured peak, and the warmup came
+    near the peak (a plan re-estimated during the warmup can skip the peak step itself)."""
     rates = logged(run_dir, "train/lr")
     peak = module.trainer.optimizers[0].param_groups[0]["initial_lr"]
     assert len(rates) == trainer.global_step
     assert rates[-1] == pytest.approx(0.1 * peak, rel=0.02)
-    assert max(rates) > 0.9 * peak
+    assert max(rates) > 0.95 * peak
 
 
 @pytest.mark.parametrize(
@@ -159,10 +158,10 @@ def test_a_run_slowed_by_real_sleeps_still_ends_its_schedule_within_the_budget(
     budget = 6.0
     sleepy = SleepySteps(0.06)
     module, trainer, sized, timer = budgeted_run(tmp_path, small_docs, budget, sleepy)
-    # Within the budget, but for the step that was running at the deadline: the max_time
-    # backstop can only stop between steps, and on a loaded machine the plan's last step can
-    # end a little late (6.29 s of 6.0 was seen beside 30 fine-tunes).
-    assert timer.time_elapsed("train") <= budget + sleepy.longest
+    # Within the budget, but for the step running at the deadline: the max_time backstop can
+    # only stop between steps, and on a loaded machine the plan's last step can end a little
+    # late (6.29 s of 6.0 was seen beside 30 fine-tunes).
+    assert timer.time_elapsed("train") <= budget + sleepy.last_period
     # the plan ends it; on a loaded machine the max_time backstop may cut its last step
     assert sized.pace.planned - 1 <= trainer.global_step <= sized.pace.planned < 100_000
     assert_schedule_complete(module, trainer, tmp_path / "run")
