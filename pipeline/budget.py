@@ -134,8 +134,14 @@ class TimeBudget(L.Callback):
         calibration_steps: steps timed before the first plan (the first step of a process,
             which pays for one-time set-up, is never timed).
         margin: the fraction of the budget kept free for the end of the run (the last
-            checkpoint) and for timing noise.
+            checkpoint) and for timing noise; never less than `RESERVE_STEPS` steps' time,
+            which is more than the fraction only in budgets of a few hundred steps or fewer
+            (where one step slowed by a busy machine would otherwise push the plan's last
+            step past the deadline, and the max_time backstop would stop the run short of
+            the schedule's end).
     """
+
+    RESERVE_STEPS = 3
 
     # When this fraction of the budget has passed, the plan is made again with what was measured.
     REPLAN_AT = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
@@ -250,9 +256,13 @@ class TimeBudget(L.Callback):
         rate = self.seconds_per_step
         if rate is None or rate <= 0:  # nothing timed yet (resumed right at a decision)
             return self.pace.planned, step + 1, self.aimed_at
-        left = (1 - self.margin) * self.seconds - self.elapsed
+        reserve = max(self.margin * self.seconds, self.RESERVE_STEPS * rate)
+        left = self.seconds - reserve - self.elapsed
         most = self.pace.schedule_steps  # trainer.max_steps as configured
-        planned = max(step + 1, min(most, step + math.floor(left / rate)))
+        # The rate of step + 1 was set by the plan so far (`Pace.replan`), so only that plan
+        # can end the schedule there; another ends it at step + 2 at the soonest.
+        soonest = step + 1 if self.pace.planned <= step + 1 else step + 2
+        planned = max(min(soonest, most), min(most, step + math.floor(left / rate)))
         used = self.elapsed / self.seconds
         later = [f for f in self.REPLAN_AT if f > max(used, self.aimed_at)]
         if not later:

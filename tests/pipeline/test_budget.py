@@ -146,9 +146,10 @@ def test_a_budgeted_run_ends_its_schedule_by_its_plan_within_the_budget(
     # ended by its plan, not cut by the max_time backstop, within the budget
     assert trainer.global_step == sized.pace.planned < 100_000
     assert timer.time_elapsed("train") <= budget
-    # a steady run fills the budget less its 3% margin, to one step
+    # a steady run fills the budget less what it keeps free (3%, or 3 steps' time if more)
     if step_seconds(0) == step_seconds(10_000):
-        assert trainer.global_step == int(0.97 * budget / 0.05)
+        free = max(0.03 * budget, TimeBudget.RESERVE_STEPS * 0.05)
+        assert trainer.global_step == int((budget - free) / 0.05)
     assert_schedule_complete(module, trainer, tmp_path / "run")
 
 
@@ -253,3 +254,24 @@ def test_the_plan_grows_back_when_steps_speed_up_and_max_steps_caps_it():
     assert fake.now <= 300 and steps > 200  # planned again past the first, slow estimate
     capped = FakeRun(300, max_steps=50)
     assert capped.run(lambda step: 1.0) == 50
+
+
+def test_a_plan_made_with_no_time_left_still_ends_the_schedule_at_its_final_step():
+    """A decision that finds the budget spent (the steps slowed 10x just before it) plans the
+    soonest end that the schedule can still reach: two steps on, since the rate of the next
+    step was set before the decision (`Pace.replan`), so the last step runs at the final rate."""
+    fake = FakeRun(100)
+    steps = fake.run(lambda step: 1.0 if step <= 60 else 10.0)
+    pace = fake.budget.pace
+    assert steps == pace.planned
+    assert pace(steps) == pace.schedule_steps  # the schedule's end at the last step
+    assert pace(steps - 1) < pace.schedule_steps
+
+
+def test_a_short_budget_keeps_a_few_steps_free_where_its_margin_would_be_less():
+    """The margin kept free at the end is 3% of the budget, but never less than
+    `RESERVE_STEPS` steps' time: 3% of 20 one-second steps would not cover one slow step."""
+    short = FakeRun(20)
+    assert short.run(lambda step: 1.0) == 20 - TimeBudget.RESERVE_STEPS
+    long = FakeRun(1000)  # 3% of it is 30 steps, more than the reserve
+    assert long.run(lambda step: 1.0) == 970
