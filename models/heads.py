@@ -16,6 +16,17 @@ or briefly pretrained cross-encoder has not learned to do. A regression pair rea
 instead be scored by the cosine similarity of u and v (`pair_score="cosine"`, Sentence-BERT's
 regression objective), standardized by a batch norm, so that from its first training batch the
 head predicts the targets' mean and spread: training then only has to order the pairs.
+
+A pair read apart can also be scored by how its two texts' tokens align
+(`pair_score="alignment"`): for each token of one text, the cosine similarity of its best match
+among the other text's tokens, averaged over the text, both ways (BERTScore's precision and
+recall, Zhang et al. 2020), from the word embeddings and from the last layer's states, so four
+numbers per pair. Special tokens are left out. Mean pooling loses which words the two texts
+share, which is most of what a paraphrase or entailment label follows; the alignment keeps it,
+and fine-tuning teaches the states which tokens should match. The four numbers are
+standardized and scored by a linear layer that the fine-tuning command first fits on the frozen
+model's scores of the training examples (linear probing, then fine-tuning: Kumar et al. 2022),
+so that training starts from a head that already reads them.
 """
 
 from __future__ import annotations
@@ -33,10 +44,12 @@ __all__ = [
     "POOLINGS",
     "DocumentClassifier",
     "SequenceClassifier",
+    "alignment_scores",
     "backbone_of",
     "default_pair_score",
     "last_token_index",
     "mean_token_states",
+    "pair_alignment",
     "pair_cosine",
     "pair_features",
     "sequence_loss",
@@ -45,13 +58,16 @@ __all__ = [
 
 
 POOLINGS = (None, "mean")  # None: the family's own (BERT's pooled [CLS], GPT's last token)
-PAIR_SCORES = ("features", "cosine")  # how a siamese head scores a pair (SequenceClassifier)
+PAIR_SCORES = ("features", "cosine", "alignment")  # how a siamese head scores a pair
+ALIGNMENT_SCORES = 4  # per pair: both directions, at the word embeddings and the last layer
 
 
 def default_pair_score(regression: bool) -> str:
     """How a pair read apart is scored unless set: by the cosine of its two texts for a
-    regression, by [u, v, |u - v|, u * v] for classes."""
-    return "cosine" if regression else "features"
+    regression, by how their tokens align for classes (README, "Is the pretrained model any
+    good?": on BERT tiny it beat [u, v, |u - v|, u * v] on MRPC and RTE, pretrained and from
+    scratch)."""
+    return "cosine" if regression else "alignment"
 
 
 def backbone_of(model: BertModel | GPTModel | BertForPreTraining | GPT) -> BertModel | GPTModel:
@@ -121,7 +137,10 @@ class SequenceClassifier(nn.Module):
         pair_score: siamese only: "features", the linear layer on [u, v, |u - v|, u * v];
             "cosine" (regression only), cos(u, v) standardized by a one-channel batch norm
             (batch statistics in training, running ones in evaluation) and its affine map, so
-            from its first training batch the head predicts the targets' mean and spread.
+            from its first training batch the head predicts the targets' mean and spread;
+            "alignment", a linear layer on the pair's standardized token alignment scores
+            (`alignment_scores`), to be fitted before training (`fit_alignment`).
+        special_ids: token ids the alignment leaves out ([CLS], [SEP], padding...).
         target: (mean, std) of the regression targets (ignored for classification).
         init_std: std of the normal initialization of the new linear layer.
     """
@@ -137,6 +156,7 @@ class SequenceClassifier(nn.Module):
         pair_score: str = "features",
         target: tuple[float, float] = (0.0, 1.0),
         init_std: float = 0.02,
+        special_ids: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
         backbone = backbone_of(backbone)
@@ -153,6 +173,7 @@ class SequenceClassifier(nn.Module):
             raise ValueError(
                 f"the cosine pair score is one number: a regression head, not {n_outputs} classes"
             )
+        self.alignment = siamese and pair_score == "alignment"
         self.backbone = backbone
         self.n_outputs = n_outputs
         self.pooling, self.siamese = pooling, siamese
@@ -165,6 +186,14 @@ class SequenceClassifier(nn.Module):
         self.classifier: nn.Linear | nn.BatchNorm1d
         if self.cosine:
             self.classifier = nn.BatchNorm1d(1)
+        elif self.alignment:
+            self.classifier = nn.Linear(ALIGNMENT_SCORES, n_outputs)
+            # the standardization of the scores, set with the layer by `fit_alignment`
+            self.register_buffer("score_mean", torch.zeros(ALIGNMENT_SCORES))
+            self.register_buffer("score_std", torch.ones(ALIGNMENT_SCORES))
+            self.register_buffer(
+                "special_ids", torch.tensor(sorted(special_ids), dtype=torch.long), persistent=False
+            )
         else:
             self.classifier = nn.Linear(backbone.config.d_model * (4 if siamese else 1), n_outputs)
         self.init_std = init_std
@@ -197,6 +226,11 @@ class SequenceClassifier(nn.Module):
         Returns:
             (B, C) logits, or (B, 1) regression values.
         """
+        if self.alignment:
+            scores_B4 = self.alignment_scores(
+                input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            )
+            return self.classify((scores_B4 - self.score_mean) / self.score_std)
         features_ND = self.features(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
         )
@@ -230,13 +264,41 @@ class SequenceClassifier(nn.Module):
         return h_BTD[rows, last_token_index(attention_mask)]
 
     def classify(self, features_BD: torch.Tensor) -> torch.Tensor:
-        """(B, D) features (B, 4D when siamese) -> (B, C) scores: dropout, then the linear
-        layer (for regression in the targets' units). Not for the cosine pair score, which
-        scores pairs of rows (`forward`)."""
+        """(B, D) features (B, 4D when siamese; B, 4 standardized alignment scores) -> (B, C)
+        scores: dropout (not on alignment scores), then the linear layer (for regression in
+        the targets' units). Not for the cosine pair score, which scores pairs of rows
+        (`forward`)."""
         if self.cosine:
             raise ValueError("a cosine pair head scores pairs of texts, not feature rows")
-        scores_BC = self.classifier(self.dropout(features_BD))
+        if not self.alignment:
+            features_BD = self.dropout(features_BD)
+        scores_BC = self.classifier(features_BD)
         return self.to_target(scores_BC) if self.n_outputs == 1 else scores_BC
+
+    def alignment_scores(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(2B, T) rows of B pairs -> (B, 4) raw alignment scores (`alignment_scores`)."""
+        return alignment_scores(
+            self.backbone, input_ids, attention_mask, token_type_ids, self.special_ids
+        )
+
+    @torch.no_grad()
+    def fit_alignment(
+        self, mean: torch.Tensor, std: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+    ) -> None:
+        """Set the alignment scores' standardization (mean, std: (4,)) and the linear layer
+        on them (weight: (4, C), bias: (C,); for regression in standardized target units)."""
+        if not self.alignment:
+            raise ValueError("fit_alignment is for a head with pair_score='alignment'")
+        self.score_mean.copy_(mean)
+        self.score_std.copy_(std.clamp_min(1e-6))
+        self.classifier.weight.copy_(weight.T)
+        self.classifier.bias.copy_(bias)
 
     def to_target(self, standardized_B1: torch.Tensor) -> torch.Tensor:
         """A regression output in the targets' units: mean + std * the standardized value."""
@@ -271,6 +333,53 @@ def pair_cosine(features_ND: torch.Tensor) -> torch.Tensor:
     """(2B, D) features of B text pairs (rows 2i, 2i+1) -> (B, 1) cos(u, v)."""
     u_BD, v_BD = split_pairs(features_ND)
     return F.cosine_similarity(u_BD, v_BD, dim=-1).unsqueeze(-1)
+
+
+def word_embeddings(backbone: BertModel | GPTModel) -> nn.Embedding:
+    """The backbone's input word (token) embedding table."""
+    return backbone.embeddings.word if isinstance(backbone, BertModel) else backbone.tok_emb
+
+
+def alignment_scores(
+    backbone: BertModel | GPTModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
+    special_ids: torch.Tensor,
+) -> torch.Tensor:
+    """(2B, T) rows of B text pairs -> (B, 4) alignment scores (`pair_alignment`) of the word
+    embeddings, then of the last layer's states; tokens in `special_ids` and padding left out."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    content_NT = attention_mask.bool() & ~torch.isin(input_ids, special_ids.to(input_ids.device))
+    words_NTD = word_embeddings(backbone)(input_ids)
+    states_NTD = token_states(backbone, input_ids, attention_mask, token_type_ids)
+    return torch.cat(
+        [pair_alignment(words_NTD, content_NT), pair_alignment(states_NTD, content_NT)], -1
+    )
+
+
+def pair_alignment(h_NTD: torch.Tensor, content_NT: torch.Tensor) -> torch.Tensor:
+    """(2B, T, D) token vectors of B text pairs (rows 2i, 2i+1) and (2B, T) which tokens count
+    -> (B, 2): for each counted token of one text, the cosine similarity of its best match
+    among the other text's counted tokens, averaged over the text; text 1 to 2, then 2 to 1.
+    A pair where either text has no counted token scores 0 both ways."""
+    a_BTD, b_BTD = split_pairs(F.normalize(h_NTD.float(), dim=-1))
+    in_a_BT, in_b_BT = split_pairs(content_NT)
+    sim_BTT = a_BTD @ b_BTD.transpose(1, 2)
+    # a token's best match is among the other text's counted tokens; -2 is below any cosine
+    sim_BTT = sim_BTT.masked_fill(~in_b_BT[:, None, :], -2.0).masked_fill(
+        ~in_a_BT[:, :, None], -2.0
+    )
+    a_to_b = _masked_mean(sim_BTT.amax(2), in_a_BT)
+    b_to_a = _masked_mean(sim_BTT.amax(1), in_b_BT)
+    both_B = in_a_BT.any(1) & in_b_BT.any(1)
+    return torch.stack([a_to_b, b_to_a], -1) * both_B.unsqueeze(-1)
+
+
+def _masked_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    weight_BT = mask_BT.to(values_BT.dtype)
+    return (values_BT * weight_BT).sum(1) / weight_BT.sum(1).clamp_min(1.0)
 
 
 def split_pairs(features_ND: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

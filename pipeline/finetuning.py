@@ -31,11 +31,13 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer
 
 from datamodules.finetune import FinetuneDataModule
 from datamodules.tasks import LabelMap, TaskSpec, save_labels
 from models.config import BertConfig, GPTConfig
-from models.heads import PAIR_SCORES, POOLINGS, default_pair_score
+from models.heads import PAIR_SCORES, POOLINGS, SequenceClassifier, default_pair_score
+from pipeline.baselines import fit_linear
 from pipeline.checkpoints import AtomicCheckpointIO, CheckpointExtras
 from pipeline.cli import command_overrides
 from pipeline.config import ConfigError
@@ -59,7 +61,7 @@ from pipeline.task_module import (
     load_finetuned,
     reinitialize,
 )
-from tokenizer import atomic_path, write_text_atomic
+from tokenizer import atomic_path, special_ids, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -169,13 +171,17 @@ SIAMESE_UP_TO_WIDTH = MINI_WIDTH
 
 
 def head_spec(
-    cfg: DictConfig, task: TaskSpec, datamodule: FinetuneDataModule, width: int
+    cfg: DictConfig,
+    task: TaskSpec,
+    datamodule: FinetuneDataModule,
+    width: int,
+    tokenizer: Tokenizer,
 ) -> HeadSpec:
     """The head of `cfg.head` for `task` on a backbone of `width` (`reads_pairs_apart`), with
     the labels and regression target of the datamodule's training split. `head.pooling`
     null: mean pooling for pairs read apart, the model's own features otherwise;
-    `head.pair_score` null: the cosine score for a regression pair read apart, the features
-    otherwise."""
+    `head.pair_score` null: for a pair read apart, the cosine score for a regression and the
+    alignment score for classes; the features otherwise."""
     aggregate = None
     if task.long_text is not None and task.long_text.mode == "window":
         aggregate = task.long_text.aggregate
@@ -187,10 +193,23 @@ def head_spec(
     pair_score = cfg.head.get("pair_score")
     if pair_score is None:
         pair_score = default_pair_score(regression) if siamese else "features"
+        if pair_score == "alignment" and aggregate is not None:  # long documents' windows
+            pair_score = "features"
     if pair_score not in PAIR_SCORES:
         raise ConfigError(
-            f"head.pair_score={pair_score!r} is not known; use head.pair_score=null, features "
-            "or cosine"
+            f"head.pair_score={pair_score!r} is not known; use head.pair_score=null, features, "
+            "cosine or alignment"
+        )
+    if pair_score == "alignment" and aggregate is not None:
+        raise ConfigError(
+            f"head.pair_score=alignment scores a pair of texts, not the windows of task "
+            f"{task.name}'s long documents: use head.pair_score=null"
+        )
+    if pair_score == "alignment" and not siamese:
+        raise ConfigError(
+            f"head.pair_score=alignment compares two texts read apart; task {task.name} is "
+            f"{'read as one sequence' if task.is_pair else 'not a pair task'}: use "
+            "head.pair_score=null" + (" or head.siamese=true" if task.is_pair else "")
         )
     if pair_score == "cosine" and not (siamese and regression):
         raise ConfigError(
@@ -208,7 +227,51 @@ def head_spec(
         siamese=siamese,
         pair_score=pair_score,
         target=datamodule.regression_target(),
+        special_ids=tuple(sorted(special_ids(tokenizer).all())),
     )
+
+
+ALIGNMENT_FIT_EXAMPLES = 4000  # the head's fit before training reads at most this many
+
+
+@torch.no_grad()
+def fit_alignment_head(
+    model: SequenceClassifier, datamodule: FinetuneDataModule, task: TaskSpec
+) -> None:
+    """Fit an alignment head's linear layer (`models.heads`, pair_score="alignment") on the
+    frozen model's alignment scores of the training examples (the first
+    `ALIGNMENT_FIT_EXAMPLES`, in file order), before the first step: logistic regression for
+    classes, ridge regression on the standardized targets for a regression
+    (`pipeline.baselines.fit_linear`). Every process of a multi-process run computes the same
+    fit from the same examples (before the processes meet; DDP then starts them all from the
+    first one's weights)."""
+    training = model.training
+    model.eval()
+    scores, labels, seen = [], [], 0
+    try:
+        for batch in datamodule.eval_loader(task.train_split):
+            scores.append(
+                model.alignment_scores(
+                    batch["input_ids"],
+                    attention_mask=batch["attention_mask"],
+                    token_type_ids=batch.get("token_type_ids"),
+                ).cpu()
+            )
+            labels.append(batch["labels"])
+            seen += len(batch["labels"])
+            if seen >= ALIGNMENT_FIT_EXAMPLES:
+                break
+    finally:
+        model.train(training)
+    x = torch.cat(scores)[:ALIGNMENT_FIT_EXAMPLES]
+    y = torch.cat(labels)[:ALIGNMENT_FIT_EXAMPLES]
+    mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
+    regression = model.n_outputs == 1
+    if regression:
+        y = (y.float() - model.target_mean) / model.target_std
+    with torch.enable_grad():
+        weight, bias = fit_linear((x - mean) / std, y, 1 if regression else model.n_outputs)
+    model.fit_alignment(mean, std, weight.detach(), bias.detach())
 
 
 def reads_pairs_apart(cfg: DictConfig, task: TaskSpec, width: int) -> bool:
@@ -264,11 +327,13 @@ def finetune(
             None if pretrained.trained_seq_len is None else max(pretrained.trained_seq_len, length)
         )
     datamodule.setup("fit")
-    head = head_spec(cfg, task, datamodule, backbone.config.d_model)
+    head = head_spec(cfg, task, datamodule, backbone.config.d_model, tokenizer)
     optimizer, lr = optimizer_factory(cfg, backbone.config)
     module = TaskModule(
         backbone, head, datamodule.eval_splits, optimizer, instantiate(cfg.schedule)
     )
+    if head.pair_score == "alignment":
+        fit_alignment_head(module.model, datamodule, task)
     checkpoint = ModelCheckpoint(
         dirpath=run_dir / CHECKPOINT_DIR,
         filename="best",

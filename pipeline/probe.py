@@ -9,8 +9,8 @@ trained, frozen, and fits a linear model on the mean of each text's last-layer t
 (`models.heads.mean_token_states`; no trained pooler needed). A pair's two texts are encoded
 apart and read as a mini model's fine-tuning head reads them by default
 (`models.heads.default_pair_score`): a regression pair by the cosine of the two, a
-classification pair by [u, v, |u - v|, u * v]; read as one sequence, their mean state says
-little of how the two relate. The linear model: logistic regression for classes,
+classification pair by how their tokens align (`models.heads.alignment_scores`); read as one
+sequence, their mean state says little of how the two relate. The linear model: logistic regression for classes,
 ridge regression for numbers (`pipeline.baselines.fit_linear`), on a fixed sample of the
 task's training examples, scored on a fixed sample of its dev split with the task's own
 metrics. With the defaults (500 + 500 examples of two tasks, every 200 steps) a probe of BERT mini
@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 from datamodules.finetune import FinetuneDataModule
 from datamodules.tasks import TaskSpec
 from models.heads import (
+    alignment_scores,
     backbone_of,
     default_pair_score,
     mean_token_states,
@@ -45,6 +46,7 @@ from models.heads import (
     pair_features,
 )
 from pipeline.baselines import dev_scores, fit_linear, predict_linear, standardize
+from tokenizer import special_ids
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +61,21 @@ class _ProbeData:
     num_labels: int
     train: DataLoader
     dev: DataLoader
+    special_ids: torch.Tensor
 
-    def read(self, states_ND: torch.Tensor) -> torch.Tensor:
-        """A batch's features from its rows' mean states (pairs: rows 2i and 2i + 1)."""
-        if not self.task.is_pair:
+    def features(self, backbone, batch: dict[str, torch.Tensor], device) -> torch.Tensor:
+        """(B, F) fp32 features of a batch's B examples (a pair's texts: rows 2i and 2i + 1):
+        a text's mean token state; a pair read as the fine-tuning head reads it by default."""
+        ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        types = batch.get("token_type_ids")
+        types = None if types is None else types.to(device)
+        score = default_pair_score(self.task.is_regression) if self.task.is_pair else None
+        if score == "alignment":
+            return alignment_scores(backbone, ids, mask, types, self.special_ids).float()
+        states_ND = mean_token_states(backbone, ids, mask, types).float()
+        if score is None:
             return states_ND
-        cosine = default_pair_score(self.task.is_regression) == "cosine"
-        return (pair_cosine if cosine else pair_features)(states_ND)
+        return (pair_cosine if score == "cosine" else pair_features)(states_ND)
 
 
 class Probe(L.Callback):
@@ -115,6 +125,7 @@ class Probe(L.Callback):
                     module.num_labels,
                     module.eval_loader(task.train_split),
                     module.eval_loader(task.eval_splits[0]),
+                    torch.tensor(sorted(special_ids(tokenizer).all())),
                 )
             )
         self._last_step: int | None = None
@@ -158,8 +169,8 @@ class Probe(L.Callback):
         try:
             with torch.random.fork_rng(devices=devices):
                 for data in self.data:
-                    x_train, y_train = _features(backbone, data.train, device, data.read)
-                    x_dev, y_dev = _features(backbone, data.dev, device, data.read)
+                    x_train, y_train = _features(backbone, data, data.train, device)
+                    x_dev, y_dev = _features(backbone, data, data.dev, device)
                     x_train, x_dev = standardize(x_train, x_dev)
                     with torch.enable_grad():
                         weight, bias = fit_linear(x_train, y_train, data.num_labels)
@@ -176,18 +187,11 @@ class Probe(L.Callback):
         return out
 
 
-def _features(backbone, loader: DataLoader, device: torch.device, read):
-    """(N, F) features (fp32, on the CPU; `read` of each batch's mean token states) and (N,)
-    labels of a loader's N examples."""
+def _features(backbone, data: _ProbeData, loader: DataLoader, device: torch.device):
+    """(N, F) features (fp32, on the CPU; `_ProbeData.features`) and (N,) labels of a
+    loader's N examples."""
     features, labels = [], []
     for batch in loader:
-        types = batch.get("token_type_ids")
-        states = mean_token_states(
-            backbone,
-            batch["input_ids"].to(device),
-            batch["attention_mask"].to(device),
-            None if types is None else types.to(device),
-        )
-        features.append(read(states.float()).cpu())
+        features.append(data.features(backbone, batch, device).cpu())
         labels.append(batch["labels"])
     return torch.cat(features), torch.cat(labels)

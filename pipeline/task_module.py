@@ -59,8 +59,9 @@ class HeadSpec:
         pooling: the sequence features: None for the family's own, "mean" for the mean
             token state (`models.heads.SequenceClassifier`).
         siamese: a pair task whose two texts are encoded apart (batches of 2B rows).
-        pair_score: how a siamese head scores a pair, "features" or "cosine"
+        pair_score: how a siamese head scores a pair, "features", "cosine" or "alignment"
             (`models.heads.PAIR_SCORES`).
+        special_ids: the tokenizer's special token ids, which an alignment head leaves out.
         target: regression only: (mean, std) of the training targets, which the head's
             output is scaled by (`models.heads.SequenceClassifier`).
     """
@@ -74,6 +75,7 @@ class HeadSpec:
     siamese: bool = False
     pair_score: str = "features"
     target: tuple[float, float] = (0.0, 1.0)
+    special_ids: tuple[int, ...] = ()
 
     def record(self) -> dict[str, Any]:
         return {
@@ -87,6 +89,7 @@ class HeadSpec:
             "siamese": self.siamese,
             "pair_score": self.pair_score,
             "target": list(self.target),
+            "special_ids": list(self.special_ids),
         }
 
     @classmethod
@@ -104,6 +107,7 @@ class HeadSpec:
             siamese=bool(record.get("siamese", False)),
             pair_score=pair_score,
             target=tuple(float(t) for t in record.get("target", (0.0, 1.0))),
+            special_ids=tuple(int(i) for i in record.get("special_ids", ())),
         )
 
 
@@ -117,6 +121,7 @@ def build_head(backbone: nn.Module, head: HeadSpec) -> SequenceClassifier | Docu
         siamese=head.siamese,
         pair_score=head.pair_score,
         target=head.target,
+        special_ids=head.special_ids,
     )
     if head.aggregate is None:
         return classifier

@@ -178,3 +178,77 @@ def test_unknown_pooling_is_refused():
     bert = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
     with pytest.raises(ValueError, match="pooling"):
         SequenceClassifier(bert, 2, pooling="max")
+
+
+def brute_alignment(x_TD: torch.Tensor, y_TD: torch.Tensor) -> list[float]:
+    """Mean over x's tokens of the best cosine with y's, then y's with x's, by loops."""
+
+    def one_way(a, b):
+        best = [max(F.cosine_similarity(t, s, dim=0).item() for s in b) for t in a]
+        return sum(best) / len(best)
+
+    return [one_way(x_TD, y_TD), one_way(y_TD, x_TD)]
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_alignment_scores_are_best_match_cosines_both_ways_without_special_tokens(family):
+    """pair_score="alignment": per pair, at the word embeddings and at the last layer, each
+    text's mean best-match cosine with the other's tokens, both ways; special tokens and
+    padding take no part (as a token or as a match)."""
+    torch.manual_seed(0)
+    if family == "bert":
+        model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
+    else:
+        model = GPT(GPTConfig.from_preset("tiny", vocab_size=V))
+    special = (1, 2)
+    head = SequenceClassifier(
+        model, 2, pooling="mean", siamese=True, pair_score="alignment", special_ids=special
+    ).eval()
+    # pair 0: [1] 10 11 12 [2] | [1] 12 13 [2] pad; pair 1: the same text twice
+    ids = torch.tensor(
+        [[1, 10, 11, 12, 2], [1, 12, 13, 2, 0], [1, 20, 21, 22, 2], [1, 20, 21, 22, 2]]
+    )
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1] * 5, [1] * 5])
+    with torch.no_grad():
+        scores = head.alignment_scores(ids, attention_mask=mask)
+        words = (
+            head.backbone.tok_emb(ids) if family == "gpt" else head.backbone.embeddings.word(ids)
+        )
+        if family == "bert":
+            states = head.backbone(ids, attention_mask=mask).hidden_states
+        else:
+            states = head.backbone(ids, attention_mask=mask)
+    assert scores.shape == (2, 4)
+    content = [slice(1, 4), slice(1, 3)]  # pair 0's words, without [CLS], [SEP] and padding
+    for layer, vectors in enumerate((words, states)):
+        expected = brute_alignment(vectors[0, content[0]], vectors[1, content[1]])
+        torch.testing.assert_close(
+            scores[0, 2 * layer : 2 * layer + 2].tolist(), expected, atol=1e-5, rtol=0
+        )
+    torch.testing.assert_close(scores[1], torch.ones(4), atol=1e-5, rtol=0)  # identical texts
+    only_special = torch.tensor([[1, 10, 2], [1, 2, 0]])
+    with torch.no_grad():
+        empty = head.alignment_scores(
+            only_special, attention_mask=torch.tensor([[1, 1, 1], [1, 1, 0]])
+        )
+    assert empty.tolist() == [[0.0, 0.0, 0.0, 0.0]]  # nothing to match: 0, not a -2 sentinel
+
+
+def test_an_alignment_head_scores_its_standardized_scores_with_the_fitted_layer():
+    torch.manual_seed(0)
+    bert = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))
+    head = SequenceClassifier(
+        bert, 1, pooling="mean", siamese=True, pair_score="alignment", target=(2.0, 3.0)
+    ).eval()
+    ids, mask, _ = pairs_batch((5, 8, 3, 8))
+    mean, std = torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0.5, 1.0, 2.0, 4.0])
+    weight, bias = torch.tensor([[1.0], [-1.0], [0.5], [2.0]]), torch.tensor([0.25])
+    head.fit_alignment(mean, std, weight, bias)
+    with torch.no_grad():
+        raw = head.alignment_scores(ids, attention_mask=mask)
+        predicted = head(ids, attention_mask=mask)
+    expected = 2.0 + 3.0 * (((raw - mean) / std) @ weight + bias)  # in the targets' units
+    torch.testing.assert_close(predicted, expected, atol=1e-5, rtol=0)
+    assert set(head.state_dict()) >= {"score_mean", "score_std"}  # a saved model keeps them
+    with pytest.raises(ValueError, match="alignment"):
+        SequenceClassifier(bert, 1, siamese=True).fit_alignment(mean, std, weight, bias)

@@ -154,9 +154,61 @@ def test_a_head_record_round_trips_and_refuses_an_unknown_pair_score():
         siamese=True,
         pair_score="cosine",
         target=(2.5, 1.5),
+        special_ids=(0, 2, 3),
     )
     assert HeadSpec.from_record(spec.record()) == spec
-    older = {k: v for k, v in spec.record().items() if k != "pair_score"}
+    older = {k: v for k, v in spec.record().items() if k not in ("pair_score", "special_ids")}
     assert HeadSpec.from_record(older).pair_score == "features"  # written before it existed
+    assert HeadSpec.from_record(older).special_ids == ()
     with pytest.raises(ValueError, match="unknown pair_score 'dot'"):
         HeadSpec.from_record({**spec.record(), "pair_score": "dot"})
+
+
+@pytest.mark.parametrize("kind", ["regression", "classification"])
+def test_an_alignment_head_reads_word_overlap_before_its_first_step(setup, kind):
+    """pair_score=alignment: the head's linear layer is fitted on the frozen model's alignment
+    scores of the training pairs before training, so from random weights and with a rate too
+    small to move anything (1e-12), the model already predicts how many words the texts share
+    (random word embeddings match equal words exactly): ridge regression for a regression,
+    logistic regression for classes (here the 7 overlap levels as labels)."""
+    results, run_dir = tune(
+        setup,
+        f"align-{kind}",
+        "trainer.max_epochs=1",
+        "optim.lr=1e-12",
+        "head.siamese=true",
+        "head.pair_score=alignment",
+        f"task.kind={kind}",
+    )
+    scores = torch.tensor(train_scores(setup))
+    dev = results.best.metrics["dev"]
+    if kind == "regression":
+        assert dev["loss"] < 0.3 * float(scores.var())
+        assert dev["spearman"] > 0.8
+    else:
+        majority = max(torch.unique(scores, return_counts=True)[1]).item() / len(scores)
+        assert dev["accuracy"] > 2 * majority
+    head = load_finetuned(run_dir).module.head
+    assert head.pair_score == "alignment" and head.special_ids  # [CLS], [SEP]... left out
+
+
+def test_an_alignment_model_evaluates_as_it_was_trained(setup, tmp_path):
+    """The fitted standardization is saved with the weights, and the special token ids with
+    the head: `make evaluate` of the run gives its best scores again."""
+    results, run_dir = tune(
+        setup,
+        "align-eval",
+        "trainer.max_epochs=1",
+        "head.siamese=true",
+        "head.pair_score=alignment",
+    )
+    again = evaluate(compose_config("evaluate", f"ckpt={run_dir}", run_dir=tmp_path / "eval"))
+    for name, value in results.best.metrics["dev"].items():
+        assert again["dev"][name] == pytest.approx(value, abs=1e-5), name
+
+
+def test_the_alignment_score_needs_a_pair_read_apart(setup):
+    with pytest.raises(ConfigError, match="use head.pair_score=null or head.siamese=true"):
+        tune(setup, "align-joint", "head.siamese=false", "head.pair_score=alignment")
+    with pytest.raises(ConfigError, match="alignment"):
+        tune(setup, "bad-score", "head.pair_score=overlap")

@@ -116,19 +116,33 @@ def test_a_pair_probe_reads_the_two_texts_apart(family, tmp_path):
     reordered, with others of the same vocabulary). The cosine of the two texts' mean states,
     each encoded alone, tracks it even in a random model; read as one sequence (the probe
     before), a pair's mean state holds which words occur, not which occur twice."""
+    assert overlap_probe(family, "regression", tmp_path)["probe/overlap/spearman"] > 0.6
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_a_classification_pair_probe_reads_how_the_texts_tokens_align(family, tmp_path):
+    """A classification pair is probed as the fine-tuning head reads it by default, by its
+    token alignment scores: with random weights, equal words have equal embeddings, so the
+    alignment says how many words the texts share (here 7 overlap levels as classes: chance
+    is about 1/7, the majority class about 0.17)."""
+    scores = overlap_probe(family, "classification", tmp_path)
+    assert scores["probe/overlap/accuracy"] > 0.55  # [u, v, |u-v|, u*v]: 0.45 and 0.29
+
+
+def overlap_probe(family: str, kind: str, tmp_path: Path) -> dict[str, float]:
+    """The probe scores of a random `family` model on the word-overlap pairs (`write_pairs`)
+    as a task of `kind`."""
     write_pairs(tmp_path / "pairs", n_train=300, n_dev=150)
     task = TaskSpec(
         name="overlap",
         data_dir=str(tmp_path / "pairs"),
-        kind="regression",
+        kind=kind,
         text_columns=["a", "b"],
         label_column="score",
     )
-    kind = "wordpiece" if family == "bert" else "bpe"
-    tokenizer = trained_tokenizer(kind)
+    tokenizer = trained_tokenizer("wordpiece" if family == "bert" else "bpe")
     probe = Probe([task], tokenizer, seq_len=64)
-    scores = probe.scores(tiny_model(family, tokenizer), torch.device("cpu"))
-    assert scores["probe/overlap/spearman"] > 0.6
+    return probe.scores(tiny_model(family, tokenizer), torch.device("cpu"))
 
 
 def probe_steps(run_dir: Path) -> dict[int, dict[str, str]]:
