@@ -52,7 +52,7 @@ all of their chunks, or `train_chunks` sampled ones per document when training):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import lightning as L
 import numpy as np
@@ -493,15 +493,21 @@ class FinetuneDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> list[DataLoader]:
         return [self.eval_loader(s) for s in self.predict_splits]
 
-    def eval_loader(self, name: str) -> DataLoader:
+    def eval_loader(self, name: str, sample: int | None = None) -> DataLoader:
         """An in-order loader of a split read by `setup()` (any split: a probe reads the
-        training split in order too)."""
+        training split in order too). `sample`: only that many of its items, a fixed random
+        choice (seed 0) kept in order, all in this process."""
         split = self._split(name)
         rank, world = self.process_share()
+        sampler: Iterable[int] = EvalShardSampler(len(split), rank=rank, world=world)
+        if sample is not None and sample < len(split):
+            sampler = sorted(
+                np.random.default_rng(0).choice(len(split), sample, replace=False).tolist()
+            )
         return DataLoader(
             split,
             batch_size=self.eval_batch_size,
-            sampler=EvalShardSampler(len(split), rank=rank, world=world),
+            sampler=sampler,
             collate_fn=self._collator(split),
             num_workers=self.num_workers,
         )

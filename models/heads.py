@@ -180,7 +180,7 @@ class SequenceClassifier(nn.Module):
         if isinstance(backbone, BertModel):
             # mean pooling leaves BERT's [CLS] pooler out of the graph: frozen, so that DDP
             # finds no parameter without a gradient
-            backbone.pooler.requires_grad_(pooling is None)
+            backbone.pooler.requires_grad_(pooling is None and not self.alignment)
         self.target_mean, self.target_std = (float(t) for t in target)
         self.dropout = nn.Dropout(dropout)
         self.classifier: nn.Linear | nn.BatchNorm1d
@@ -230,7 +230,8 @@ class SequenceClassifier(nn.Module):
             scores_B4 = self.alignment_scores(
                 input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             )
-            return self.classify((scores_B4 - self.score_mean) / self.score_std)
+            standardized_B4 = (scores_B4 - self.score_mean.float()) / self.score_std.float()
+            return self.classify(standardized_B4.to(self.classifier.weight.dtype))
         features_ND = self.features(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
         )
@@ -364,9 +365,10 @@ def pair_alignment(h_NTD: torch.Tensor, content_NT: torch.Tensor) -> torch.Tenso
     -> (B, 2): for each counted token of one text, the cosine similarity of its best match
     among the other text's counted tokens, averaged over the text; text 1 to 2, then 2 to 1.
     A pair where either text has no counted token scores 0 both ways."""
-    a_BTD, b_BTD = split_pairs(F.normalize(h_NTD.float(), dim=-1))
+    with torch.autocast(h_NTD.device.type, enabled=False):  # cosines a few 1e-3 apart matter
+        a_BTD, b_BTD = split_pairs(F.normalize(h_NTD.float(), dim=-1))
+        sim_BTT = a_BTD @ b_BTD.transpose(1, 2)
     in_a_BT, in_b_BT = split_pairs(content_NT)
-    sim_BTT = a_BTD @ b_BTD.transpose(1, 2)
     # a token's best match is among the other text's counted tokens; -2 is below any cosine
     sim_BTT = sim_BTT.masked_fill(~in_b_BT[:, None, :], -2.0).masked_fill(
         ~in_a_BT[:, :, None], -2.0

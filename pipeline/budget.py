@@ -135,8 +135,8 @@ class TimeBudget(L.Callback):
             which pays for one-time set-up, is never timed).
         margin: the fraction of the budget kept free for the end of the run (the last
             checkpoint) and for timing noise; never less than `RESERVE_STEPS` steps' time,
-            which is more than the fraction only in budgets of a few hundred steps or fewer
-            (where one step slowed by a busy machine would otherwise push the plan's last
+            which is more than the fraction only in budgets of under 100 steps (where one
+            step slowed by a busy machine would otherwise push the plan's last
             step past the deadline, and the max_time backstop would stop the run short of
             the schedule's end).
     """

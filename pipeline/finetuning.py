@@ -193,17 +193,10 @@ def head_spec(
     pair_score = cfg.head.get("pair_score")
     if pair_score is None:
         pair_score = default_pair_score(regression) if siamese else "features"
-        if pair_score == "alignment" and aggregate is not None:  # long documents' windows
-            pair_score = "features"
     if pair_score not in PAIR_SCORES:
         raise ConfigError(
             f"head.pair_score={pair_score!r} is not known; use head.pair_score=null, features, "
             "cosine or alignment"
-        )
-    if pair_score == "alignment" and aggregate is not None:
-        raise ConfigError(
-            f"head.pair_score=alignment scores a pair of texts, not the windows of task "
-            f"{task.name}'s long documents: use head.pair_score=null"
         )
     if pair_score == "alignment" and not siamese:
         raise ConfigError(
@@ -227,7 +220,7 @@ def head_spec(
         siamese=siamese,
         pair_score=pair_score,
         target=datamodule.regression_target(),
-        special_ids=tuple(sorted(special_ids(tokenizer).all())),
+        special_ids=special_ids(tokenizer).ordered(),
     )
 
 
@@ -239,17 +232,17 @@ def fit_alignment_head(
     model: SequenceClassifier, datamodule: FinetuneDataModule, task: TaskSpec
 ) -> None:
     """Fit an alignment head's linear layer (`models.heads`, pair_score="alignment") on the
-    frozen model's alignment scores of the training examples (the first
-    `ALIGNMENT_FIT_EXAMPLES`, in file order), before the first step: logistic regression for
+    frozen model's alignment scores of the training examples (all, or a fixed random sample
+    of `ALIGNMENT_FIT_EXAMPLES`), before the first step: logistic regression for
     classes, ridge regression on the standardized targets for a regression
     (`pipeline.baselines.fit_linear`). Every process of a multi-process run computes the same
     fit from the same examples (before the processes meet; DDP then starts them all from the
     first one's weights)."""
     training = model.training
     model.eval()
-    scores, labels, seen = [], [], 0
+    scores, labels = [], []
     try:
-        for batch in datamodule.eval_loader(task.train_split):
+        for batch in datamodule.eval_loader(task.train_split, sample=ALIGNMENT_FIT_EXAMPLES):
             scores.append(
                 model.alignment_scores(
                     batch["input_ids"],
@@ -258,14 +251,10 @@ def fit_alignment_head(
                 ).cpu()
             )
             labels.append(batch["labels"])
-            seen += len(batch["labels"])
-            if seen >= ALIGNMENT_FIT_EXAMPLES:
-                break
     finally:
         model.train(training)
-    x = torch.cat(scores)[:ALIGNMENT_FIT_EXAMPLES]
-    y = torch.cat(labels)[:ALIGNMENT_FIT_EXAMPLES]
-    mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
+    x, y = torch.cat(scores), torch.cat(labels)
+    mean, std = x.mean(0), x.std(0).nan_to_num(1.0).clamp_min(1e-6)  # one example: no spread
     regression = model.n_outputs == 1
     if regression:
         y = (y.float() - model.target_mean) / model.target_std

@@ -125,7 +125,7 @@ class Probe(L.Callback):
                     module.num_labels,
                     module.eval_loader(task.train_split),
                     module.eval_loader(task.eval_splits[0]),
-                    torch.tensor(sorted(special_ids(tokenizer).all())),
+                    torch.tensor(special_ids(tokenizer).ordered()),
                 )
             )
         self._last_step: int | None = None

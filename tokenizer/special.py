@@ -38,6 +38,10 @@ class SpecialIds:
     def all(self) -> set[int]:
         return {v for v in vars(self).values() if v is not None}
 
+    def ordered(self) -> tuple[int, ...]:
+        """Every special id, ascending (the ids a pair's token alignment leaves out)."""
+        return tuple(sorted(self.all()))
+
 
 def tokenizer_kind(tokenizer: Tokenizer) -> str:
     """The kind of `tokenizer`, "wordpiece" or "bpe", read from its `tokenizers` model type.

@@ -193,6 +193,22 @@ def test_every_example_is_served_once_per_epoch(glue_wordpiece):
     assert [len(s) for s in seen] == [64, 64, 64, 8]
 
 
+def test_an_eval_loader_sample_is_a_fixed_random_choice_kept_in_order(glue_wordpiece):
+    """`eval_loader(split, sample=k)` (an alignment head's fit before training): k distinct
+    examples spread over the split, in file order, the same every time; all of them when the
+    split is no larger."""
+    dm = glue_module("mrpc", "MRPC", glue_wordpiece, eval_batch_size=32, siamese=True)
+
+    def served(sample):
+        loader = dm.eval_loader("train", sample=sample)
+        return list(itertools.chain(*(b["example_index"].tolist() for b in loader)))
+
+    picked = served(50)
+    assert picked == sorted(set(picked)) and len(picked) == 50
+    assert picked == served(50) and picked[-1] > N // 2  # not a prefix of a sorted file
+    assert served(N) == served(None) == list(range(N))
+
+
 def test_train_examples_is_one_random_sample_for_every_seed(glue_wordpiece):
     spec = task_spec("stsb", f"task.data_dir={GLUE / 'STS-B'}")
     everything = read_examples(spec, "train")

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from models.bert import BertConfig, BertForPreTraining
 from models.gpt import GPT, GPTConfig
-from models.heads import SequenceClassifier, last_token_index, sequence_loss
+from models.heads import SequenceClassifier, last_token_index, pair_alignment, sequence_loss
 
 V = 500
 
@@ -252,3 +252,17 @@ def test_an_alignment_head_scores_its_standardized_scores_with_the_fitted_layer(
     assert set(head.state_dict()) >= {"score_mean", "score_std"}  # a saved model keeps them
     with pytest.raises(ValueError, match="alignment"):
         SequenceClassifier(bert, 1, siamese=True).fit_alignment(mean, std, weight, bias)
+
+
+def test_alignment_scores_are_computed_in_fp32_under_bf16_autocast():
+    """Cosines of trained states lie a few thousandths apart; under autocast the similarity
+    matrix would be rounded to bf16 (steps of about 0.004 near 1), so it is kept in fp32."""
+    torch.manual_seed(0)
+    vectors = torch.randn(4, 6, 16) + 5.0  # close in angle: cosines near 1
+    content = torch.ones(4, 6, dtype=torch.bool)
+    with torch.no_grad():
+        exact = pair_alignment(vectors, content)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = pair_alignment(vectors, content)
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed, exact, atol=1e-6, rtol=0)
