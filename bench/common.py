@@ -49,6 +49,9 @@ def allocator() -> str:
     return "glibc"
 
 
+CPU_FLAGS_REPORTED = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
 def machine() -> dict:
     """Where the figures were measured: host, CPU, cores, library versions."""
     import torch
@@ -59,6 +62,8 @@ def machine() -> dict:
         transformers_version = transformers.__version__
     except ImportError:  # only the reference side needs it
         transformers_version = None
+    from pipeline.precision import cpu_flags
+
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
@@ -66,10 +71,14 @@ def machine() -> dict:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
+    flags = cpu_flags()
     return {
         "host": socket.gethostname(),
         "cpu": cpu,
         "cpus": len(os.sched_getaffinity(0)),
+        # what the CPU's matmuls can use: fp32 speed follows the vector width, and bf16 is
+        # native only with avx512_bf16 or amx_bf16 (emulated, and slow, elsewhere)
+        "cpu_flags": [flag for flag in CPU_FLAGS_REPORTED if flag in flags],
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -40,6 +40,7 @@ import torch
 
 from bench import bench_data, bench_gpu, bench_memory, bench_models, bench_time_to_loss
 from bench.common import command_line, figures_table, machine, write_json
+from pipeline.precision import NATIVE_BF16_FLAGS
 
 BENCHMARKS = ("models", "data", "loss", "gpu")  # the order of the report
 # The order of running: those that need the shared data first, so that its absence stops the run
@@ -102,6 +103,14 @@ def all_figures(reports: dict[str, dict]) -> list[dict]:
     return figures
 
 
+def cpu_flags_text(flags: list[str] | None) -> str:
+    """The CPU flags of a machine record, and whether its bf16 is native."""
+    if flags is None:  # a record written before the flags were
+        return "flags not recorded"
+    native = set(NATIVE_BF16_FLAGS) & set(flags)
+    return f"{' '.join(flags) or 'no AVX2'}; " + ("native bf16" if native else "no native bf16")
+
+
 def markdown(report: dict, sections: dict[str, str]) -> str:
     m = report["machine"]
     kind = "quick run (`make bench QUICK=1`; rough figures)" if report["quick"] else "full run"
@@ -109,6 +118,7 @@ def markdown(report: dict, sections: dict[str, str]) -> str:
         f"# Benchmarks {report['date']} on {m['host']}",
         "",
         f"{m['cpu']}, {m['cpus']} CPUs"
+        + f" ({cpu_flags_text(m.get('cpu_flags'))})"
         + (f", {m['gpu']}" if m["gpu"] else "")
         + f"; torch {m['torch']}, transformers {m['transformers']}; "
         f"{m.get('allocator', 'glibc')} allocator (both sides); {kind}, "

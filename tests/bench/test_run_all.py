@@ -113,3 +113,23 @@ def test_end_to_end_at_trivial_sizes(tmp_path):
         if f["target"] is None:
             assert f["met"] is None
     assert len(list((tmp_path / "res").glob("*.md"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "text"),
+    [
+        (["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"], "avx2 fma avx512f avx512_bf16 amx_bf16; native bf16"),
+        (["avx2", "fma"], "avx2 fma; no native bf16"),
+        ([], "no AVX2; no native bf16"),
+        (None, "flags not recorded"),  # a record older than the flags
+    ],
+)  # fmt: skip
+def test_the_report_says_which_cpu_flags_and_whether_bf16_is_native(flags, text):
+    assert run_all.cpu_flags_text(flags) == text
+
+
+def test_the_machine_record_keeps_the_cpu_flags_that_decide_the_speeds(monkeypatch):
+    from bench import common
+
+    monkeypatch.setattr("pipeline.precision.cpu_flags", lambda: {"avx2", "sse4_2", "amx_bf16"})
+    assert common.machine()["cpu_flags"] == ["avx2", "amx_bf16"]
