@@ -37,9 +37,12 @@ def fixed_wordpiece(docs: list[str], path: Path, size: int = 1500) -> Tokenizer:
 
 
 def tiny_run(tmp_path: Path, docs: list[str], *overrides: str):
-    """(module, datamodule, trainer) of a CPU run on `docs`, logging every step to CSV."""
+    """(module, datamodule, trainer) of a fp32 CPU run on `docs`, logging every step to CSV
+    (fp32 pinned: `precision=null` picks bf16 on a CPU with native bf16, and these tests
+    compare gradients and losses at fp32 tolerances)."""
     cfg = compose_pretrain(
         "trainer.accelerator=cpu",
+        "trainer.precision=32",
         "trainer.log_every_n_steps=1",
         "trainer.limit_val_batches=0",
         "+trainer.enable_progress_bar=false",
