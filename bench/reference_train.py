@@ -14,7 +14,8 @@ transformers' own. Losses are defined as ours: BERT = mean MLM cross-entropy ove
 tokens + mean NSP cross-entropy; GPT = mean next-token cross-entropy over the window.
 
 The LR schedule is set in steps, so its length must be known before training: without
-`--max-steps`, a few steps and validation batches of a throw-away model are timed first, and the
+`--max-steps`, a few steps (after a warm-up pass) and validation batches of a throw-away model are
+timed first (`calibrate`), and the
 schedule gets as many steps as fit in the budget (with `--margin` to spare) with at most
 `--val-points` evenly spaced validations. Training stops at `max_steps` or when the budget is spent
 (as Lightning's `max_time`), then validates once more. The clock starts at the first batch.
@@ -188,11 +189,18 @@ def make_optimizer(run: Run, model: torch.nn.Module, total_steps: int):
     return optimizer, instantiate(run.cfg.schedule)(optimizer, total_steps=total_steps)
 
 
+CALIBRATION_STEPS = 8  # timed steps, after a warm-up pass over the sample batches
+
+
 def calibrate(
-    run: Run, device: torch.device, autocast: Autocast, steps: int = 4, warmup: int = 1
-) -> dict[str, float]:
-    """Median seconds of a training step and of a validation batch of a throw-away model, on
-    validation batches (the same shapes; the training loader is left untouched)."""
+    run: Run, device: torch.device, autocast: Autocast, steps: int = CALIBRATION_STEPS
+) -> dict:
+    """Median seconds of a training step and seconds per validation batch of a throw-away
+    model, on the first 4 validation batches (the training loader is left untouched). One
+    warm-up pass over those batches is left out of the timing: a first step pays one-off
+    costs (allocations, kernel selection; on one CPU with native bf16 the first steps of a
+    run took 5x the later ones), and a plan priced from them would leave most of the budget
+    unused. Every timed step is reported (`step_times_s`), so that a plan can be checked."""
     sample = [
         to_device(b, device)
         for b, _ in zip(run.datamodule.val_dataloader(), range(4), strict=False)
@@ -202,17 +210,19 @@ def calibrate(
     model = build_model(run.family, run.model_config, device)
     optimizer, scheduler = make_optimizer(run, model, total_steps=1000)
     clip = run.cfg.trainer.gradient_clip_val
-    step_times = []
-    for i, batch in zip(range(warmup + steps), itertools.cycle(sample), strict=False):
+    warmup_times, step_times = [], []
+    batches = itertools.cycle(sample)
+    for i in range(len(sample) + steps):
         start = time.perf_counter()
-        train_step(run.family, model, optimizer, scheduler, batch, clip, autocast)
-        if i >= warmup:
-            step_times.append(time.perf_counter() - start)
+        train_step(run.family, model, optimizer, scheduler, next(batches), clip, autocast)
+        (warmup_times if i < len(sample) else step_times).append(time.perf_counter() - start)
     start = time.perf_counter()
     validate(run.family, model, sample, autocast)
     return {
         "step_s": statistics.median(step_times),
         "val_batch_s": (time.perf_counter() - start) / len(sample),
+        "warmup_step_times_s": [round(t, 4) for t in warmup_times],
+        "step_times_s": [round(t, 4) for t in step_times],
     }
 
 

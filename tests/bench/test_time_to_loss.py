@@ -181,6 +181,37 @@ def test_reference_losses_are_defined_as_ours(tmp_path, family):
     )
 
 
+def test_reference_calibration_times_steps_after_a_warm_up_pass(tmp_path, monkeypatch):
+    """The plan is priced from warm steps: one pass over the sample batches is left out, and
+    the median of the timed steps (all reported) is the step time."""
+    run = reference_train.compose_run(
+        ["model=bert-tiny", *TINY, "trainer.limit_val_batches=2", f"paths.cache_dir={tmp_path}"]
+    )
+    seconds = iter([10.0, 9.0, 8.0, 7.0] + [1.0, 3.0, 2.0, 1.5] * 2)  # slow first steps
+    real_step = reference_train.train_step
+
+    def timed_step(*args):
+        real_step(*args)
+        clock.now += next(seconds)
+
+    class Clock:
+        now = 0.0
+
+        def __call__(self):
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(reference_train, "train_step", timed_step)
+    monkeypatch.setattr(reference_train.time, "perf_counter", clock)
+    sample = len(list(zip(run.datamodule.val_dataloader(), range(4), strict=False)))
+    assert sample == 4  # the test's timings assume four sample batches
+    calibration = reference_train.calibrate(run, torch.device("cpu"), contextlib.nullcontext)
+    assert calibration["warmup_step_times_s"] == [10.0, 9.0, 8.0, 7.0]
+    assert calibration["step_times_s"] == [1.0, 3.0, 2.0, 1.5] * 2
+    assert len(calibration["step_times_s"]) == reference_train.CALIBRATION_STEPS
+    assert calibration["step_s"] == pytest.approx(1.75)  # the median of the warm steps
+
+
 def test_reference_loop_trains_validates_and_reports(tmp_path):
     out = tmp_path / "ref.json"
     report = reference_train.main(
