@@ -197,10 +197,11 @@ def calibrate(
 ) -> dict:
     """Median seconds of a training step and seconds per validation batch of a throw-away
     model, on the first 4 validation batches (the training loader is left untouched). One
-    warm-up pass over those batches is left out of the timing: a first step pays one-off
-    costs (allocations, kernel selection; on one CPU with native bf16 the first steps of a
-    run took 5x the later ones), and a plan priced from them would leave most of the budget
-    unused. Every timed step is reported (`step_times_s`), so that a plan can be checked."""
+    warm-up pass over those batches is left out of the timing (a first step pays one-off
+    costs: allocations, kernel selection), and the median of 8 steps is taken, so that a
+    plan is priced from warm steps. Every step is reported (`warmup_step_times_s`,
+    `step_times_s`): once a machine's slow moment made the timed steps 5x the later ones and
+    the plan used a third of the budget, which these lists show at once."""
     sample = [
         to_device(b, device)
         for b, _ in zip(run.datamodule.val_dataloader(), range(4), strict=False)
