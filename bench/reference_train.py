@@ -198,7 +198,7 @@ def calibrate(
     """Median seconds of a training step and seconds per validation batch of a throw-away
     model, on the first 4 validation batches (the training loader is left untouched). One
     warm-up pass over those batches is left out of the timing (a first step pays one-off
-    costs: allocations, kernel selection), and the median of 8 steps is taken, so that a
+    costs: allocations, kernel selection), and the median of the next `steps` (default 8) is taken, so that a
     plan is priced from warm steps. Every step is reported (`warmup_step_times_s`,
     `step_times_s`): once a machine's slow moment made the timed steps 5x the later ones and
     the plan used a third of the budget, which these lists show at once."""
