@@ -83,6 +83,42 @@ def test_the_best_recipe_and_bits_per_byte_are_summarized_against_the_reference(
     assert bench_time_to_loss.summarize("gpt", reference, ours, slow)["recipe"]["met"] is False
 
 
+def test_the_recipe_paced_to_the_target_is_summarized_and_tabled_beside_the_full_one():
+    reference = {"steps": 30, "points": points((5, 5.0), (10, 4.0))}
+    ours = {"steps": 30, "points": points((4, 4.5), (8, 4.0))}
+    # paced to the whole 10 s: passes 4.0 at 5 s (0.5), ends far lower
+    full = {"budget_s": 10, "overrides": [], "steps": 60, "points": points((4, 4.4), (6, 3.6))}
+    # paced to 4 s: ends at 3.9, having passed 4.0 at 3.5 s (0.35)
+    short = {"budget_s": 4, "overrides": [], "steps": 25, "points": points((2, 4.6), (4, 3.8))}
+    result = bench_time_to_loss.summarize("bert", reference, ours, full, short)
+    assert result["recipe"]["time_ratio"] == pytest.approx(0.5)
+    assert result["recipe"]["met"] is False
+    assert result["recipe_at_target"]["time_ratio"] == pytest.approx(0.35)
+    assert result["recipe_at_target"]["met"] is True
+    assert result["recipe_at_target"]["final_loss"] == 3.8
+    report = {"results": {"bert": result}, "budget_s": 10, "device": "cpu", "dtype": "fp32"}
+    report["val_batches"] = 2
+    *_, full_figure, short_figure = bench_time_to_loss.figures(report)
+    assert "paced to 0.4 of the reference's time" in short_figure["name"]
+    assert (full_figure["met"], short_figure["met"]) == (False, True)
+    text = bench_time_to_loss.table(report)
+    assert "bert, best recipe paced to 0.4 of the reference's time" in text
+    assert "recipe at target step" in text  # its curve beside the others
+    # a run that stops above the reference's loss never reaches it
+    above = short | {"points": points((2, 4.6), (4, 4.1))}
+    missed = bench_time_to_loss.summarize("bert", reference, ours, full, above)
+    assert missed["recipe_at_target"]["time_ratio"] is None
+    assert missed["recipe_at_target"]["met"] is False
+
+
+def test_the_target_budget_is_the_share_of_the_reference_time():
+    reference = {"points": points((100.0, 5.0), (525.1, 4.0))}
+    assert bench_time_to_loss.target_budget_s(reference) == 210  # 0.4 x 525.1, floored
+    assert bench_time_to_loss.target_budget_s({"points": points((1.2, 5.0))}) == 1
+    with pytest.raises(BenchError, match="no validation"):
+        bench_time_to_loss.target_budget_s({"points": []})
+
+
 def test_plan_fits_training_and_validation_into_the_budget():
     # 0.9 x 100 s, less 5 validations of 2 batches at 0.5 s = 85 s of 1 s steps
     assert plan_steps(100, 1.0, 0.5, 5, 2, 0.9) == (85, 17)
@@ -254,8 +290,12 @@ def test_end_to_end_at_a_trivial_size(tmp_path, family):
             result["ours_time_to_reference_loss_s"] / result["reference_time_s"]
         )
     assert result["met"] == (result["time_ratio"] is not None and result["time_ratio"] <= 0.6)
-    for process in ("prepare", "reference", "ours"):
+    for process in ("prepare", "reference", "ours", "recipe", "recipe_at_target"):
         assert result["processes"][process]["peak_rss_mb"] > 50
+    at_target = result["recipe_at_target"]
+    assert at_target["budget_s"] == bench_time_to_loss.target_budget_s(result["reference"])
+    assert f"trainer.budget={at_target['budget_s']}s" in at_target["overrides"]
+    assert at_target["points"] and at_target["steps"] == at_target["points"][-1]["step"]
     assert not list((tmp_path / "work").glob("*/runs/*/*/checkpoints"))
     memory = bench_memory.figures(report)
     assert [f["name"] for f in memory] == [
