@@ -82,7 +82,7 @@ def table(loss_report: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bench_time_to_loss.add_run_arguments(parser)
-    parser.set_defaults(work_dir=Path("outputs/bench/memory"))
+    parser.set_defaults(work_dir=Path("outputs/bench/memory"), no_recipe=True)  # not measured here
     parser.add_argument("--out", type=Path, default=Path("outputs/bench/memory.json"))
     args = bench_time_to_loss.resolve(parser.parse_args(argv), FULL)
     runs = bench_time_to_loss.run(args)

@@ -69,18 +69,22 @@ def test_the_best_recipe_and_bits_per_byte_are_summarized_against_the_reference(
         "steps": 50,
         "points": points((2, 4.2), (3, 3.8)),
     }
-    result = bench_time_to_loss.summarize("gpt", reference, ours, recipe)
+    recipe["points"][-1]["bits_per_byte"] = 1.9
+    result = bench_time_to_loss.summarize("gpt", reference, ours, None, recipe)
     assert result["reference_final_bits_per_byte"] == pytest.approx(2.0)  # 4.0 nats x 0.5
-    assert result["recipe"]["time_ratio"] == pytest.approx(0.25)  # 4.0 reached at 2.5 s of 10
-    assert result["recipe"]["met"] is True and result["recipe"]["target"] == 0.4
+    at_target = result["recipe_at_target"]
+    assert at_target["time_ratio"] == pytest.approx(0.25)  # 4.0 reached at 2.5 s of 10
+    assert at_target["met"] is True and at_target["target"] == 0.4
     report = {"results": {"gpt": result}, "budget_s": 10, "device": "cpu", "dtype": "fp32"}
     report["val_batches"] = 2
     recipe_figure = bench_time_to_loss.figures(report)[-1]
     assert recipe_figure["target"] == "<= 0.4" and recipe_figure["met"] is True
     text = bench_time_to_loss.table(report)
-    assert "gpt, best recipe" in text and "reference 2.0000, ours 2.0000" in text
+    assert "gpt, best recipe paced to 0.40" in text
+    assert "reference 2.0000, ours 2.0000, best recipe paced to 0.40" in text and "1.9000" in text
     slow = {"overrides": [], "steps": 5, "points": points((9, 4.5))}
-    assert bench_time_to_loss.summarize("gpt", reference, ours, slow)["recipe"]["met"] is False
+    missed = bench_time_to_loss.summarize("gpt", reference, ours, None, slow)
+    assert missed["recipe_at_target"]["met"] is False
 
 
 def test_the_recipe_paced_to_the_target_is_summarized_and_tabled_beside_the_full_one():
@@ -92,17 +96,22 @@ def test_the_recipe_paced_to_the_target_is_summarized_and_tabled_beside_the_full
     short = {"budget_s": 4, "overrides": [], "steps": 25, "points": points((2, 4.6), (4, 3.8))}
     result = bench_time_to_loss.summarize("bert", reference, ours, full, short)
     assert result["recipe"]["time_ratio"] == pytest.approx(0.5)
-    assert result["recipe"]["met"] is False
+    # the run paced to the whole budget is for information: no target, neither met nor missed
+    assert result["recipe"]["target"] is None and result["recipe"]["met"] is None
     assert result["recipe_at_target"]["time_ratio"] == pytest.approx(0.35)
     assert result["recipe_at_target"]["met"] is True
     assert result["recipe_at_target"]["final_loss"] == 3.8
     report = {"results": {"bert": result}, "budget_s": 10, "device": "cpu", "dtype": "fp32"}
     report["val_batches"] = 2
     *_, full_figure, short_figure = bench_time_to_loss.figures(report)
-    assert "paced to 0.4 of the reference's time" in short_figure["name"]
-    assert (full_figure["met"], short_figure["met"]) == (False, True)
+    assert "paced to 0.40 of the reference's time" in short_figure["name"]
+    assert (full_figure["target"], full_figure["met"]) == (None, None)
+    assert (short_figure["target"], short_figure["met"]) == ("<= 0.4", True)
     text = bench_time_to_loss.table(report)
-    assert "bert, best recipe paced to 0.4 of the reference's time" in text
+    assert "| bert, best recipe paced to the whole budget | 60 / 30 |" in text
+    assert "| 0.5 |  |" in text  # its ratio, no target, no verdict
+    assert "bert, best recipe paced to 0.40 of the reference's time" in text
+    assert "0.35 (<= 0.40) | yes |" in text
     assert "recipe at target step" in text  # its curve beside the others
     # a run that stops above the reference's loss never reaches it
     above = short | {"points": points((2, 4.6), (4, 4.1))}
