@@ -109,14 +109,19 @@ RECIPES: dict[str, list[str]] = {
 
 
 class RecipeRun(NamedTuple):
-    """One run of the best recipe: its key in a model's results, its name in the tables and
-    curves, and the share of the reference's time its ratio must stay within (None: no target,
-    a figure for information)."""
+    """One run of the best recipe: its key in a model's results (its run is named after it),
+    its name in the tables and curves, and `share`: its budget as a share of the reference's
+    time, which is also the target its ratio must stay within (None: the bench's whole budget
+    and no target, a figure for information)."""
 
     key: str
     label: str
     curve: str
-    target: float | None
+    share: float | None
+
+    @property
+    def target(self) -> float | None:
+        return self.share
 
 
 RECIPE_RUNS = (
@@ -271,21 +276,18 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
     processes = {}
     if not args.no_recipe:
         overrides = args.recipe if args.recipe is not None else RECIPES[family]
-        # the run at the target validates as often for its length as the others do for theirs
-        for key, name, budget_s, every in (
-            ("recipe", "recipe", args.budget_s, val_every),
-            (
-                "recipe_at_target",
-                "recipe-at-target",
-                target_budget_s(reference),
-                max(1, round(val_every * RECIPE_TARGET)),
-            ),
-        ):
+        for spec in RECIPE_RUNS:
+            budget_s, every = args.budget_s, val_every
+            if spec.share is not None:  # validating as often for its length as the others
+                budget_s = target_budget_s(reference, spec.share)
+                every = max(1, round(val_every * spec.share))
             paced = [f"trainer.budget={budget_s}s", "trainer.max_time=null", *overrides]
             print(f"{family}: ours, best recipe ({' '.join(paced)})", flush=True)
-            processes[key], recipe_rows = pretrain(name, 1_000_000, every, *paced)
+            processes[spec.key], recipe_rows = pretrain(
+                spec.key.replace("_", "-"), 1_000_000, every, *paced
+            )
             recipe_points = validation_points(recipe_rows)
-            recipes[key] = {
+            recipes[spec.key] = {
                 "budget_s": budget_s,
                 "overrides": paced,
                 "steps": recipe_points[-1]["step"] if recipe_points else 0,
@@ -304,7 +306,7 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
         "points": points,
     }
     processes = {"prepare": prepare, "reference": reference_run, "ours": ours_run} | processes
-    return summarize(family, reference, ours, **recipes) | {
+    return summarize(family, reference, ours, recipes) | {
         "processes": {
             name: {"wall_s": m.wall_s, "peak_rss_mb": m.peak_rss_mb, "log": str(m.log)}
             for name, m in processes.items()
@@ -312,12 +314,12 @@ def run_family(family: str, args: argparse.Namespace) -> dict:
     }
 
 
-def target_budget_s(reference: dict) -> int:
-    """The budget of the best recipe's run at the target: `RECIPE_TARGET` of the reference's
-    time to its final validation, in whole seconds (at least 1)."""
+def target_budget_s(reference: dict, share: float = RECIPE_TARGET) -> int:
+    """The budget of the best recipe's run at the target: `share` of the reference's time to
+    its final validation, in whole seconds (at least 1)."""
     if not reference["points"]:
         raise BenchError("the reference logged no validation loss; see reference.log")
-    return max(1, math.floor(RECIPE_TARGET * reference["points"][-1]["time_s"]))
+    return max(1, math.floor(share * reference["points"][-1]["time_s"]))
 
 
 def step_timing(rows: list[dict], val_batches: int, warmup: int = 1) -> dict[str, float]:
@@ -375,12 +377,10 @@ def summarize(
     family: str,
     reference: dict,
     ours: dict,
-    recipe: dict | None = None,
-    recipe_at_target: dict | None = None,
+    recipes: dict[str, dict] | None = None,
 ) -> dict:
-    """Final losses, times and the time-to-reference-loss ratio of one model (and of our best
-    recipe's runs, paced to the whole budget and to the target's share of the reference's
-    time, when they ran)."""
+    """Final losses, times and the time-to-reference-loss ratio of one model (and of the runs
+    of our best recipe that ran, keyed as in `RECIPE_RUNS`)."""
     if not reference["points"] or not ours["points"]:
         raise BenchError(f"{family}: a run logged no validation loss; see the logs")
     ref_final, ours_final = reference["points"][-1], ours["points"][-1]
@@ -404,8 +404,8 @@ def summarize(
         bits_per_nat = ours_final["bits_per_byte"] / ours_final["val_loss"]
         summary["reference_final_bits_per_byte"] = ref_final["val_loss"] * bits_per_nat
         summary["ours_final_bits_per_byte"] = ours_final["bits_per_byte"]
-    for spec, run in zip(RECIPE_RUNS, (recipe, recipe_at_target), strict=True):
-        if run is not None:
+    for spec in RECIPE_RUNS:
+        if (run := (recipes or {}).get(spec.key)) is not None:
             summary[spec.key] = run | recipe_summary(ref_final, run["points"], spec.target)
     return summary
 
@@ -488,7 +488,8 @@ def table(report: dict) -> str:
         for spec in RECIPE_RUNS:
             if (recipe := r.get(spec.key)) is None:
                 continue
-            target = spec.target  # (results written before 2026-11-27 held the full run to 0.40)
+            # results written before 2026-11-27 held the full run to 0.40: its verdict is not shown
+            target = spec.target
             rows.append(
                 [
                     f"{name}, {spec.label}",

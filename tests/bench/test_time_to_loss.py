@@ -70,7 +70,7 @@ def test_the_best_recipe_and_bits_per_byte_are_summarized_against_the_reference(
         "points": points((2, 4.2), (3, 3.8)),
     }
     recipe["points"][-1]["bits_per_byte"] = 1.9
-    result = bench_time_to_loss.summarize("gpt", reference, ours, None, recipe)
+    result = bench_time_to_loss.summarize("gpt", reference, ours, {"recipe_at_target": recipe})
     assert result["reference_final_bits_per_byte"] == pytest.approx(2.0)  # 4.0 nats x 0.5
     at_target = result["recipe_at_target"]
     assert at_target["time_ratio"] == pytest.approx(0.25)  # 4.0 reached at 2.5 s of 10
@@ -83,7 +83,7 @@ def test_the_best_recipe_and_bits_per_byte_are_summarized_against_the_reference(
     assert "gpt, best recipe paced to 0.40" in text
     assert "reference 2.0000, ours 2.0000, best recipe paced to 0.40" in text and "1.9000" in text
     slow = {"overrides": [], "steps": 5, "points": points((9, 4.5))}
-    missed = bench_time_to_loss.summarize("gpt", reference, ours, None, slow)
+    missed = bench_time_to_loss.summarize("gpt", reference, ours, {"recipe_at_target": slow})
     assert missed["recipe_at_target"]["met"] is False
 
 
@@ -94,7 +94,9 @@ def test_the_recipe_paced_to_the_target_is_summarized_and_tabled_beside_the_full
     full = {"budget_s": 10, "overrides": [], "steps": 60, "points": points((4, 4.4), (6, 3.6))}
     # paced to 4 s: ends at 3.9, having passed 4.0 at 3.5 s (0.35)
     short = {"budget_s": 4, "overrides": [], "steps": 25, "points": points((2, 4.6), (4, 3.8))}
-    result = bench_time_to_loss.summarize("bert", reference, ours, full, short)
+    result = bench_time_to_loss.summarize(
+        "bert", reference, ours, {"recipe": full, "recipe_at_target": short}
+    )
     assert result["recipe"]["time_ratio"] == pytest.approx(0.5)
     # the run paced to the whole budget is for information: no target, neither met nor missed
     assert result["recipe"]["target"] is None and result["recipe"]["met"] is None
@@ -115,7 +117,9 @@ def test_the_recipe_paced_to_the_target_is_summarized_and_tabled_beside_the_full
     assert "recipe at target step" in text  # its curve beside the others
     # a run that stops above the reference's loss never reaches it
     above = short | {"points": points((2, 4.6), (4, 4.1))}
-    missed = bench_time_to_loss.summarize("bert", reference, ours, full, above)
+    missed = bench_time_to_loss.summarize(
+        "bert", reference, ours, {"recipe": full, "recipe_at_target": above}
+    )
     assert missed["recipe_at_target"]["time_ratio"] is None
     assert missed["recipe_at_target"]["met"] is False
 
