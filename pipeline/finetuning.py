@@ -60,6 +60,7 @@ from pipeline.task_module import (
     load_backbone,
     load_finetuned,
     reinitialize,
+    with_dropout,
 )
 from tokenizer import atomic_path, special_ids, write_text_atomic
 
@@ -300,6 +301,7 @@ def finetune(
     check_fits(cfg.datamodule.max_seq_len, backbone.config)
     if cfg.from_scratch:
         backbone = reinitialize(backbone)
+    backbone = with_dropout(backbone, **cfg.get("backbone", {}))
     datamodule = build_datamodule(
         task,
         tokenizer,

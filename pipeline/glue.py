@@ -163,8 +163,16 @@ def suite_record(cfg: DictConfig, tasks: Sequence[SuiteTask], seeds: Sequence[in
             key: OmegaConf.to_container(cfg[key], resolve=True)
             for key in ("datamodule", "head", "optim", "schedule")
         }
-        | {"trainer": _trainer_record(cfg)},
+        | {"trainer": _trainer_record(cfg)}
+        | _backbone_record(cfg),
     }
+
+
+def _backbone_record(cfg: DictConfig) -> dict:
+    """The backbone's fine-tuning settings, left out while all are null (the checkpoint's own),
+    as in the records of suites started before they existed, which then still resume."""
+    settings = OmegaConf.to_container(cfg.get("backbone") or {}, resolve=True)
+    return {"backbone": settings} if any(v is not None for v in settings.values()) else {}
 
 
 def _trainer_record(cfg: DictConfig) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from datamodules.tasks import LabelMap
 from models.config import BertConfig, GPTConfig
 from models.heads import PAIR_SCORES, DocumentClassifier, SequenceClassifier, sequence_loss
 from pipeline.checkpoint_record import CheckpointLoadError, CheckpointRecord
+from pipeline.config import ConfigError
 from pipeline.families import family_named
 from pipeline.load import (
     CheckpointSource,
@@ -337,6 +338,36 @@ def reinitialize(backbone: nn.Module) -> nn.Module:
     return type(backbone)(backbone.config)
 
 
+def with_dropout(backbone: nn.Module, **rates: float | None) -> nn.Module:
+    """The backbone with its dropout rates replaced (`dropout=`, and `attn_dropout=` for BERT),
+    weights kept; a rate given as None keeps the backbone's own. Fine-tuning a model that was
+    pretrained without dropout may want it back (`backbone.*` in conf/finetune.yaml).
+
+    Raises:
+        ConfigError: a rate the backbone's family does not have, or one outside [0, 1).
+    """
+    given = {name: rate for name, rate in rates.items() if rate is not None}
+    if not given:
+        return backbone
+    config = backbone.config
+    unknown = sorted(set(given) - {f.name for f in fields(config)})
+    if unknown:
+        raise ConfigError(
+            f"backbone.{unknown[0]} is not a setting of a {type(config).__name__} (it has "
+            f"dropout{', attn_dropout' if hasattr(config, 'attn_dropout') else ''}); remove "
+            f"backbone.{unknown[0]}=... from the command"
+        )
+    for name, rate in given.items():
+        if not 0.0 <= float(rate) < 1.0:
+            raise ConfigError(
+                f"backbone.{name} must be in [0, 1), got {rate!r}; for example "
+                f"backbone.{name}=0.1 (or null to keep the checkpoint's)"
+            )
+    rebuilt = type(backbone)(replace(config, **{k: float(v) for k, v in given.items()}))
+    rebuilt.load_state_dict(backbone.state_dict())
+    return rebuilt
+
+
 __all__ = [
     "Finetuned",
     "HeadSpec",
@@ -345,4 +376,5 @@ __all__ = [
     "load_backbone",
     "load_finetuned",
     "reinitialize",
+    "with_dropout",
 ]

@@ -224,6 +224,20 @@ def test_from_scratch_keeps_the_architecture_but_not_the_weights(bert_ckpt, tmp_
     assert not torch.allclose(after[name], before[f"bert.{name}"], atol=1e-2)
 
 
+def test_backbone_dropout_is_a_fine_tuning_setting_kept_with_the_model(bert_ckpt, tmp_path):
+    pretrained = load_backbone(bert_ckpt).model.config
+    _, run_dir = run_finetune(
+        tmp_path,
+        bert_ckpt,
+        "task=sst2",
+        "backbone.dropout=0.25",
+        "from_scratch=true",  # the twin takes the same setting
+        data_dir=GLUE / "SST-2",
+    )
+    tuned = load_finetuned(run_dir).module.model.backbone.config
+    assert (tuned.dropout, tuned.attn_dropout) == (0.25, pretrained.attn_dropout)
+
+
 def test_fine_tuned_model_can_be_fine_tuned_again(bert_ckpt, tmp_path):
     _, first = run_finetune(tmp_path / "a", bert_ckpt, "task=sst2", data_dir=GLUE / "SST-2")
     loaded = load_backbone(first)

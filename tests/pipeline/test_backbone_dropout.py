@@ -1,0 +1,70 @@
+"""Fine-tuning's `backbone.*` dropout settings (`pipeline.task_module.with_dropout`): a model
+pretrained without dropout can fine-tune with it, weights unchanged; the suite's record of them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from models.bert import BertModel
+from models.config import BertConfig, GPTConfig
+from models.gpt import GPTModel
+from pipeline.config import ConfigError
+from pipeline.glue import suite_record
+from pipeline.task_module import with_dropout
+from tests.pipeline.test_finetune import compose_config
+
+
+def dropout_rates(model: nn.Module) -> set[float]:
+    return {m.p for m in model.modules() if isinstance(m, nn.Dropout)}
+
+
+def bert(**rates: float) -> BertModel:
+    torch.manual_seed(0)
+    return BertModel(BertConfig.from_preset("tiny", vocab_size=64, **rates))
+
+
+def test_a_bert_pretrained_without_dropout_fine_tunes_with_it_and_keeps_its_weights():
+    plain = bert(dropout=0.0, attn_dropout=0.0)
+    changed = with_dropout(plain, dropout=0.2, attn_dropout=0.3)
+    assert (changed.config.dropout, changed.config.attn_dropout) == (0.2, 0.3)
+    assert dropout_rates(changed) == {0.2} and dropout_rates(plain) == {0.0}
+    assert {layer.attn_dropout for layer in changed.layers} == {0.3}
+    before, after = plain.state_dict(), changed.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    ids = torch.randint(5, 64, (2, 9))
+    with torch.no_grad():  # evaluation draws no dropout: the same function of the input
+        torch.testing.assert_close(
+            changed.eval()(ids).hidden_states, plain.eval()(ids).hidden_states
+        )
+        changed.train()
+        torch.manual_seed(1)
+        noisy = changed(ids).hidden_states
+    assert not torch.allclose(noisy, plain(ids).hidden_states)  # training: dropout is on
+
+
+def test_rates_left_null_keep_the_checkpoints_own():
+    plain = bert(dropout=0.0, attn_dropout=0.0)
+    assert with_dropout(plain, dropout=None, attn_dropout=None) is plain
+    half = with_dropout(plain, dropout=0.1, attn_dropout=None)
+    assert (half.config.dropout, half.config.attn_dropout) == (0.1, 0.0)
+
+
+def test_gpt_takes_one_rate_and_bad_rates_are_named():
+    gpt = GPTModel(GPTConfig.from_preset("tiny", vocab_size=64))
+    assert dropout_rates(with_dropout(gpt, dropout=0.1)) == {0.1}
+    with pytest.raises(ConfigError, match=r"backbone.attn_dropout is not a setting of a GPTConfig"):
+        with_dropout(gpt, attn_dropout=0.1)
+    with pytest.raises(ConfigError, match=r"backbone.dropout must be in \[0, 1\), got 1.5"):
+        with_dropout(bert(), dropout=1.5)
+
+
+def test_the_suite_records_the_backbone_rates_only_when_set():
+    """A suite started before the setting existed has no `backbone` in its record; the same
+    command still matches it, so it resumes."""
+    default = suite_record(compose_config("glue", "ckpt=x"), [], [1])
+    assert "backbone" not in default["finetune"]
+    given = suite_record(compose_config("glue", "ckpt=x", "backbone.dropout=0.1"), [], [1])
+    assert given["finetune"]["backbone"] == {"dropout": 0.1, "attn_dropout": None}
