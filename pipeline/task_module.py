@@ -338,6 +338,9 @@ def reinitialize(backbone: nn.Module) -> nn.Module:
     return type(backbone)(backbone.config)
 
 
+DROPOUT_RATES = ("dropout", "attn_dropout")  # the model configs' rates fine-tuning may set
+
+
 def with_dropout(backbone: nn.Module, **rates: float | None) -> nn.Module:
     """The backbone with its dropout rates replaced (`dropout=`, and `attn_dropout=` for BERT),
     weights kept; a rate given as None keeps the backbone's own. Fine-tuning a model that was
@@ -350,12 +353,12 @@ def with_dropout(backbone: nn.Module, **rates: float | None) -> nn.Module:
     if not given:
         return backbone
     config = backbone.config
-    unknown = sorted(set(given) - {f.name for f in fields(config)})
+    known = [f.name for f in fields(config) if f.name in DROPOUT_RATES]
+    unknown = sorted(set(given) - set(known))
     if unknown:
         raise ConfigError(
-            f"backbone.{unknown[0]} is not a setting of a {type(config).__name__} (it has "
-            f"dropout{', attn_dropout' if hasattr(config, 'attn_dropout') else ''}); remove "
-            f"backbone.{unknown[0]}=... from the command"
+            f"backbone.{unknown[0]} is not a setting of a {type(config).__name__} (its rates: "
+            f"{', '.join(known) or 'none'}); remove backbone.{unknown[0]}=... from the command"
         )
     for name, rate in given.items():
         if not 0.0 <= float(rate) < 1.0:
@@ -363,8 +366,9 @@ def with_dropout(backbone: nn.Module, **rates: float | None) -> nn.Module:
                 f"backbone.{name} must be in [0, 1), got {rate!r}; for example "
                 f"backbone.{name}=0.1 (or null to keep the checkpoint's)"
             )
-    rebuilt = type(backbone)(replace(config, **{k: float(v) for k, v in given.items()}))
-    rebuilt.load_state_dict(backbone.state_dict())
+    with torch.device("meta"):  # no init to run: the weights are the backbone's own
+        rebuilt = type(backbone)(replace(config, **{k: float(v) for k, v in given.items()}))
+    rebuilt.load_state_dict(backbone.state_dict(), assign=True)  # dtype and device kept
     return rebuilt
 
 

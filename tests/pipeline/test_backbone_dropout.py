@@ -34,6 +34,7 @@ def test_a_bert_pretrained_without_dropout_fine_tunes_with_it_and_keeps_its_weig
     before, after = plain.state_dict(), changed.state_dict()
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.device.type == "cpu" for p in changed.parameters())
     ids = torch.randint(5, 64, (2, 9))
     with torch.no_grad():  # evaluation draws no dropout: the same function of the input
         torch.testing.assert_close(
@@ -43,6 +44,11 @@ def test_a_bert_pretrained_without_dropout_fine_tunes_with_it_and_keeps_its_weig
         torch.manual_seed(1)
         noisy = changed(ids).hidden_states
     assert not torch.allclose(noisy, plain(ids).hidden_states)  # training: dropout is on
+
+
+def test_the_weights_keep_their_dtype():
+    half = bert(dropout=0.0, attn_dropout=0.0).to(torch.bfloat16)
+    assert {p.dtype for p in with_dropout(half, dropout=0.1).parameters()} == {torch.bfloat16}
 
 
 def test_rates_left_null_keep_the_checkpoints_own():
@@ -55,7 +61,10 @@ def test_rates_left_null_keep_the_checkpoints_own():
 def test_gpt_takes_one_rate_and_bad_rates_are_named():
     gpt = GPTModel(GPTConfig.from_preset("tiny", vocab_size=64))
     assert dropout_rates(with_dropout(gpt, dropout=0.1)) == {0.1}
-    with pytest.raises(ConfigError, match=r"backbone.attn_dropout is not a setting of a GPTConfig"):
+    with pytest.raises(
+        ConfigError,
+        match=r"backbone.attn_dropout is not a setting of a GPTConfig \(its rates: dropout\)",
+    ):
         with_dropout(gpt, attn_dropout=0.1)
     with pytest.raises(ConfigError, match=r"backbone.dropout must be in \[0, 1\), got 1.5"):
         with_dropout(bert(), dropout=1.5)
