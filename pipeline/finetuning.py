@@ -301,7 +301,7 @@ def finetune(
     check_fits(cfg.datamodule.max_seq_len, backbone.config)
     if cfg.from_scratch:
         backbone = reinitialize(backbone)
-    backbone = with_dropout(backbone, **cfg.get("backbone", {}))
+    backbone = with_dropout(backbone, **(cfg.get("backbone") or {}))
     datamodule = build_datamodule(
         task,
         tokenizer,

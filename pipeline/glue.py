@@ -171,7 +171,8 @@ def suite_record(cfg: DictConfig, tasks: Sequence[SuiteTask], seeds: Sequence[in
 def _backbone_record(cfg: DictConfig) -> dict:
     """The backbone's fine-tuning settings, left out while all are null (the checkpoint's own),
     as in the records of suites started before they existed, which then still resume."""
-    settings = OmegaConf.to_container(cfg.get("backbone") or {}, resolve=True)
+    node = cfg.get("backbone")
+    settings = OmegaConf.to_container(node, resolve=True) if node else {}
     return {"backbone": settings} if any(v is not None for v in settings.values()) else {}
 
 

@@ -60,7 +60,11 @@ def test_rates_left_null_keep_the_checkpoints_own():
 
 def test_gpt_takes_one_rate_and_bad_rates_are_named():
     gpt = GPTModel(GPTConfig.from_preset("tiny", vocab_size=64))
-    assert dropout_rates(with_dropout(gpt, dropout=0.1)) == {0.1}
+    changed = with_dropout(gpt, dropout=0.1)
+    assert dropout_rates(changed) == {0.1}
+    ids = torch.randint(0, 64, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(changed.eval()(ids), gpt.eval()(ids))
     with pytest.raises(
         ConfigError,
         match=r"backbone.attn_dropout is not a setting of a GPTConfig \(its rates: dropout\)",
@@ -77,3 +81,11 @@ def test_the_suite_records_the_backbone_rates_only_when_set():
     assert "backbone" not in default["finetune"]
     given = suite_record(compose_config("glue", "ckpt=x", "backbone.dropout=0.1"), [], [1])
     assert given["finetune"]["backbone"] == {"dropout": 0.1, "attn_dropout": None}
+
+
+def test_a_null_backbone_group_is_the_checkpoints_own_rates():
+    """`backbone=null` on the command line: nothing set, nothing recorded."""
+    cfg = compose_config("glue", "ckpt=x", "backbone=null")
+    assert "backbone" not in suite_record(cfg, [], [1])["finetune"]
+    plain = bert()
+    assert with_dropout(plain, **(cfg.get("backbone") or {})) is plain
