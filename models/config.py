@@ -25,11 +25,15 @@ def _require_positive(config: object, *names: str) -> None:
             )
 
 
+def require_probability(key: str, value: object) -> None:
+    """A dropout-like rate: in [0, 1). `key` is the setting as the user types it."""
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"{key} must be in [0, 1), got {value!r}; for example {key}=0.1")
+
+
 def _require_probability(config: object, *names: str) -> None:
     for name in names:
-        value = getattr(config, name)
-        if not 0.0 <= float(value) < 1.0:
-            raise ValueError(f"model.{name} must be in [0, 1), got {value!r}")
+        require_probability(f"model.{name}", getattr(config, name))
 
 
 def _require_divides(config: object, divisor: str, dividend: str) -> None:

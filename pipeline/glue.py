@@ -58,6 +58,7 @@ from pipeline.suite_summary import (
     read_suite_record,
     summarize_suite,
 )
+from pipeline.task_module import load_backbone, with_dropout
 from tokenizer import write_text_atomic
 
 log = logging.getLogger(__name__)
@@ -239,9 +240,11 @@ def run_suite(
     folder = Path(cfg.paths.output_dir)
     tasks, seeds = suite_tasks(cfg), seeds_of(cfg.seeds)
     nodes = {t.name: load_task(t.name) for t in tasks}  # every name checked before any job
+    source = resolve_checkpoint(cfg.ckpt)  # read once for every job
+    # settings the jobs would refuse only once built fail here, before the record is written
+    with_dropout(load_backbone(source).model, **(cfg.get("backbone") or {}))
     first = first_process()  # the others of a multi-device suite only join its fine-tunes
     resumed = first and check_or_write_record(folder, suite_record(cfg, tasks, seeds))
-    source = resolve_checkpoint(cfg.ckpt)  # read once for every job
     given = overridden_keys(overrides)
     jobs = plan(tasks, seeds)
     done = [j for j in jobs if (folder / j.folder / RESULTS).is_file()]

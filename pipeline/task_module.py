@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from datamodules.tasks import LabelMap
-from models.config import BertConfig, GPTConfig
+from models.config import BertConfig, GPTConfig, require_probability
 from models.heads import PAIR_SCORES, DocumentClassifier, SequenceClassifier, sequence_loss
 from pipeline.checkpoint_record import CheckpointLoadError, CheckpointRecord
 from pipeline.config import ConfigError
@@ -360,12 +360,11 @@ def with_dropout(backbone: nn.Module, **rates: float | None) -> nn.Module:
             f"backbone.{unknown[0]} is not a setting of a {type(config).__name__} (its rates: "
             f"{', '.join(known) or 'none'}); remove backbone.{unknown[0]}=... from the command"
         )
-    for name, rate in given.items():
-        if not 0.0 <= float(rate) < 1.0:
-            raise ConfigError(
-                f"backbone.{name} must be in [0, 1), got {rate!r}; for example "
-                f"backbone.{name}=0.1 (or null to keep the checkpoint's)"
-            )
+    try:
+        for name, rate in given.items():
+            require_probability(f"backbone.{name}", rate)
+    except ValueError as err:
+        raise ConfigError(f"{err} (or null to keep the checkpoint's)") from err
     with torch.device("meta"):  # no init to run: the weights are the backbone's own
         rebuilt = type(backbone)(replace(config, **{k: float(v) for k, v in given.items()}))
     rebuilt.load_state_dict(backbone.state_dict(), assign=True)  # dtype and device kept

@@ -89,3 +89,25 @@ def test_a_null_backbone_group_is_the_checkpoints_own_rates():
     assert "backbone" not in suite_record(cfg, [], [1])["finetune"]
     plain = bert()
     assert with_dropout(plain, **(cfg.get("backbone") or {})) is plain
+
+
+def test_a_suite_refuses_a_bad_rate_before_it_writes_its_record(tmp_path):
+    """A rate the checkpoint's family lacks fails before the suite's folder holds a record, so
+    the corrected command can reuse the same run_name."""
+    from pipeline.glue import run_suite
+    from pipeline.run_folder import SUITE_RECORD
+    from tests.pipeline.test_glue import load_task
+    from tests.pipeline.tiny_models import write_run
+
+    write_run(tmp_path / "gpt", "gpt")
+    folder = tmp_path / "suite"
+    cfg = compose_config(
+        "glue",
+        f"ckpt={tmp_path / 'gpt'}",
+        "tasks=[rte]",
+        "backbone.attn_dropout=0.1",
+        run_dir=folder,
+    )
+    with pytest.raises(ConfigError, match="backbone.attn_dropout is not a setting"):
+        run_suite(cfg, load_task)
+    assert not (folder / SUITE_RECORD).exists()
