@@ -5,6 +5,7 @@ difference with a confidence interval, and the best non-neural baseline; then th
     summary = summarize_suite("outputs/glue/<run>")   # from the folder's files alone
     print(summary.table())                            # Markdown
     summary.write(folder)                             # glue_summary.md and glue_summary.json
+    summarize_suites([a, b])   # one table of suites that ran other tasks of one checkpoint
 
 A task's score is GLUE's: the mean of its metrics on its main dev split, times 100.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,16 +188,38 @@ def summarize_suite(folder: str | Path) -> SuiteSummary:
         SuiteRecordError: its record is not readable.
         ResultsError: a run's results.json that cannot be read.
     """
-    folder = Path(folder)
-    record = read_suite_record(folder)
-    rows = []
-    for task in record["tasks"]:
-        row = _task_row(folder, task, record["seeds"])
-        if row is not None:
-            rows.append(row)
-    if len(rows) > 1:
-        rows.append(_average_row(rows))
-    return SuiteSummary(str(record["ckpt"]), rows)
+    (summary,) = summarize_suites([folder])
+    return summary
+
+
+def summarize_suites(folders: Iterable[str | Path]) -> list[SuiteSummary]:
+    """The tables of several suite folders. Folders of one checkpoint fine-tuned with the same
+    settings whose tasks differ (one `make glue tasks=[...]` per task, run side by side) join
+    into one table with one average; any other folder gets a table of its own.
+
+    Raises:
+        FileNotFoundError: a folder holds no suite record.
+        SuiteRecordError: a record is not readable.
+        ResultsError: a run's results.json that cannot be read.
+    """
+    tables: list[tuple[str, set[str], SuiteSummary]] = []  # (settings, tasks, rows so far)
+    for folder in map(Path, folders):
+        record = read_suite_record(folder)
+        settings = json.dumps([record["ckpt"], record.get("finetune")], sort_keys=True)
+        tasks = set(record["tasks"])
+        rows = [_task_row(folder, task, record["seeds"]) for task in record["tasks"]]
+        rows = [row for row in rows if row is not None]
+        for same, taken, summary in tables:
+            if same == settings and not taken & tasks:
+                taken |= tasks
+                summary.rows.extend(rows)
+                break
+        else:
+            tables.append((settings, tasks, SuiteSummary(str(record["ckpt"]), rows)))
+    for _, _, summary in tables:
+        if len(summary.rows) > 1:
+            summary.rows.append(_average_row(summary.rows))
+    return [summary for _, _, summary in tables]
 
 
 def _task_row(folder: Path, task: str, seeds: Sequence[int]) -> TaskRow | None:

@@ -3,6 +3,7 @@
 python -m pipeline.commands.report outputs/gpt/wiki                   # one run
 python -m pipeline.commands.report outputs/gpt/wiki,outputs/gpt/wiki2 # overlaid
 python -m pipeline.commands.report outputs/bert/wiki --out /tmp/report
+python -m pipeline.commands.report outputs/glue/a,outputs/glue/b  # suites: one table, printed
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    for summary in report.suites:
+        print(f"suite of {summary.ckpt}:\n{summary.table()}\n")
     for note in report.notes:
         print(f"note: {note}")
     names = ", ".join(p.name for p in report.plots)

@@ -47,6 +47,7 @@ class Report:
     html: Path
     plots: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    suites: list[SuiteSummary] = field(default_factory=list)  # the tables of `make glue` folders
 
 
 class _Builder:
@@ -156,6 +157,7 @@ def _finetune_section(builder: _Builder, runs: list[FinetuneRun]) -> None:
 
 
 def _suite_section(builder: _Builder, suites: list[SuiteSummary]) -> None:
+    builder.report.suites = suites
     for number, summary in enumerate(suites, start=1):
         builder.heading(f"Downstream suite (make glue): {summary.ckpt}")
         builder.raw(suite_table(summary))

@@ -24,7 +24,7 @@ import yaml
 
 from pipeline.results import RESULTS, FinetuneResults, ResultsError
 from pipeline.run_folder import SUITE_RECORD
-from pipeline.suite_summary import SuiteRecordError, SuiteSummary, summarize_suite
+from pipeline.suite_summary import SuiteRecordError, SuiteSummary, summarize_suites
 
 Series = dict[int, float]  # step -> value
 
@@ -151,7 +151,7 @@ def find_runs(
     names = [p.name for p in paths]
     pretrain: list[PretrainRun] = []
     finetune: list[FinetuneRun] = []
-    suites: list[SuiteSummary] = []
+    suite_folders: list[Path] = []
     for path in paths:
         if not path.is_dir():
             raise ReportError(
@@ -159,10 +159,7 @@ def find_runs(
                 "finetune, e.g. run=outputs/gpt/<run_name> (several: run=PATH1,PATH2)"
             )
         if (path / SUITE_RECORD).is_file():
-            try:
-                suites.append(summarize_suite(path))
-            except (SuiteRecordError, ResultsError) as err:
-                raise ReportError(str(err)) from err
+            suite_folders.append(path)
         elif (path / "results.json").is_file():
             finetune.append(FinetuneRun.load(path))
         elif jobs := sorted(path.glob("*/results.json"), key=_job_order):
@@ -176,6 +173,10 @@ def find_runs(
                 f"results.json (a fine-tuning run folder, or a multirun folder of them) nor "
                 f"{SUITE_RECORD} (a make glue folder)"
             )
+    try:  # suites of one checkpoint and settings that ran other tasks join into one table
+        suites = summarize_suites(suite_folders)
+    except (SuiteRecordError, ResultsError) as err:
+        raise ReportError(str(err)) from err
     return pretrain, finetune, suites
 
 

@@ -1,0 +1,91 @@
+"""Joining the tables of several `make glue` folders (`pipeline.suite_summary.summarize_suites`):
+suites of one checkpoint and settings that ran other tasks side by side make one table with one
+average; anything else keeps a table of its own. Folders are written by hand, no training."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from pipeline.commands.report import main as report_main
+from pipeline.results import RESULTS, BestCheckpoint, FinalScores, FinetuneResults
+from pipeline.run_folder import SUITE_RECORD
+from pipeline.suite_summary import BASELINES, summarize_suite, summarize_suites
+
+SETTINGS = {"optim": {"lr": 1e-4}}
+
+
+def write_suite(
+    folder: Path,
+    scores: dict[str, dict[str, list[float]]],
+    ckpt: str = "outputs/bert/a",
+    settings: dict = SETTINGS,
+) -> Path:
+    """A suite folder as `make glue` leaves it: task -> init -> accuracy per seed (1, 2, ...)."""
+    seeds = sorted({n for inits in scores.values() for s in inits.values() for n in range(len(s))})
+    record = {"ckpt": ckpt, "tasks": {t: {} for t in scores}, "seeds": [s + 1 for s in seeds]}
+    folder.mkdir(parents=True)
+    (folder / SUITE_RECORD).write_text(json.dumps(record | {"finetune": settings}))
+    for task, inits in scores.items():
+        (folder / task).mkdir()
+        (folder / task / BASELINES).write_text(json.dumps({"majority": {"accuracy": 0.5}}))
+        for init, values in inits.items():
+            for seed, value in enumerate(values, start=1):
+                metrics = {"dev": {"accuracy": value, "loss": 1.0}}
+                job = folder / task / f"{init}-seed{seed}"
+                job.mkdir()
+                FinetuneResults(
+                    task=task,
+                    seed=seed,
+                    lr=1e-4,
+                    init=init,
+                    backbone=ckpt,
+                    main_metric="accuracy",
+                    main_split="dev",
+                    overrides=[],
+                    best=BestCheckpoint(epoch=1, step=10, checkpoint="best.ckpt", metrics=metrics),
+                    final=FinalScores(step=10, metrics=metrics),
+                ).write(job / RESULTS)
+    return folder
+
+
+def test_suites_of_other_tasks_join_into_one_table_with_one_average(tmp_path):
+    a = write_suite(tmp_path / "a", {"sst2": {"pretrained": [0.8, 0.9], "scratch": [0.6, 0.7]}})
+    b = write_suite(tmp_path / "b", {"rte": {"pretrained": [0.6, 0.7], "scratch": [0.6, 0.5]}})
+    (joined,) = summarize_suites([a, b])
+    assert [row.task for row in joined.rows] == ["sst2", "rte", "average"]
+    average = joined.rows[-1]
+    assert average.pretrained.summary.mean == pytest.approx(statistics.fmean([70, 80]))
+    assert average.scratch.summary.mean == pytest.approx(statistics.fmean([60, 60]))
+    assert average.difference.n == 2  # paired by seed across the two folders
+    assert average.baseline_score == pytest.approx(50.0)
+    assert [r.task for r in summarize_suite(a).rows] == ["sst2"]  # one folder: its own table
+
+
+def test_suites_of_another_checkpoint_other_settings_or_the_same_task_stay_apart(tmp_path):
+    sst2 = {"sst2": {"pretrained": [0.8], "scratch": [0.6]}}
+    first = write_suite(tmp_path / "a", sst2)
+    other_ckpt = write_suite(tmp_path / "b", {"rte": {"pretrained": [0.6]}}, ckpt="outputs/x")
+    other_lr = write_suite(tmp_path / "c", {"rte": {"pretrained": [0.6]}}, settings={"lr": 1})
+    again = write_suite(tmp_path / "d", sst2)  # the same task again: a second table
+    tables = summarize_suites([first, other_ckpt, other_lr, again])
+    assert [[r.task for r in t.rows] for t in tables] == [["sst2"], ["rte"], ["rte"], ["sst2"]]
+    assert [t.ckpt for t in tables] == [
+        "outputs/bert/a",
+        "outputs/x",
+        "outputs/bert/a",
+        "outputs/bert/a",
+    ]
+
+
+def test_make_report_prints_the_joined_table(tmp_path, capsys):
+    a = write_suite(tmp_path / "a", {"sst2": {"pretrained": [0.8], "scratch": [0.6]}})
+    b = write_suite(tmp_path / "b", {"rte": {"pretrained": [0.6], "scratch": [0.5]}})
+    assert report_main([f"{a},{b}", "--out", str(tmp_path / "report")]) == 0
+    printed = capsys.readouterr().out
+    assert "suite of outputs/bert/a:" in printed
+    assert "| average | GLUE score | 50.0 (best per task) | 70.0 | 55.0 | +15.0 | 1 |" in printed
+    assert (tmp_path / "report" / "suite_1.png").is_file()
