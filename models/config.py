@@ -27,8 +27,12 @@ def _require_positive(config: object, *names: str) -> None:
 
 def require_probability(key: str, value: object) -> None:
     """A dropout-like rate: in [0, 1). `key` is the setting as the user types it."""
-    if not 0.0 <= float(value) < 1.0:
-        raise ValueError(f"{key} must be in [0, 1), got {value!r}; for example {key}=0.1")
+    try:
+        valid = 0.0 <= float(value) < 1.0
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise ValueError(f"{key} must be a number in [0, 1), got {value!r}; for example {key}=0.1")
 
 
 def _require_probability(config: object, *names: str) -> None:

@@ -241,8 +241,9 @@ def run_suite(
     tasks, seeds = suite_tasks(cfg), seeds_of(cfg.seeds)
     nodes = {t.name: load_task(t.name) for t in tasks}  # every name checked before any job
     source = resolve_checkpoint(cfg.ckpt)  # read once for every job
-    # settings the jobs would refuse only once built fail here, before the record is written
-    with_dropout(load_backbone(source).model, **(cfg.get("backbone") or {}))
+    rates = {k: v for k, v in (cfg.get("backbone") or {}).items() if v is not None}
+    if rates:  # a rate the jobs would refuse fails here, before the record is written
+        with_dropout(load_backbone(source).model, **rates)
     first = first_process()  # the others of a multi-device suite only join its fine-tunes
     resumed = first and check_or_write_record(folder, suite_record(cfg, tasks, seeds))
     given = overridden_keys(overrides)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -97,6 +98,7 @@ class SuiteSummary:
 
     ckpt: str
     rows: list[TaskRow]
+    folders: list[str] = dataclasses.field(default_factory=list)  # the suite folders read
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -173,11 +175,21 @@ def read_suite_record(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{folder} holds no {SUITE_RECORD}: not a `make glue` folder")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         raise SuiteRecordError(
             f"{path} is not readable JSON ({err}); move the folder aside"
         ) from err
+    missing = [k for k in RECORD_KEYS if not isinstance(record, dict) or k not in record]
+    if missing:
+        raise SuiteRecordError(
+            f"{path} lacks {', '.join(missing)}: not a record `make glue` wrote; move the "
+            "folder aside"
+        )
+    return record
+
+
+RECORD_KEYS = ("ckpt", "tasks", "seeds", "finetune")  # what `make glue` writes in every record
 
 
 def summarize_suite(folder: str | Path) -> SuiteSummary:
@@ -202,24 +214,45 @@ def summarize_suites(folders: Iterable[str | Path]) -> list[SuiteSummary]:
         SuiteRecordError: a record is not readable.
         ResultsError: a run's results.json that cannot be read.
     """
-    tables: list[tuple[str, set[str], SuiteSummary]] = []  # (settings, tasks, rows so far)
+    tables: list[_Table] = []
     for folder in map(Path, folders):
         record = read_suite_record(folder)
-        settings = json.dumps([record["ckpt"], record.get("finetune")], sort_keys=True)
+        key = _join_key(record)
         tasks = set(record["tasks"])
         rows = [_task_row(folder, task, record["seeds"]) for task in record["tasks"]]
         rows = [row for row in rows if row is not None]
-        for same, taken, summary in tables:
-            if same == settings and not taken & tasks:
-                taken |= tasks
-                summary.rows.extend(rows)
-                break
-        else:
-            tables.append((settings, tasks, SuiteSummary(str(record["ckpt"]), rows)))
-    for _, _, summary in tables:
-        if len(summary.rows) > 1:
-            summary.rows.append(_average_row(summary.rows))
-    return [summary for _, _, summary in tables]
+        table = next((t for t in tables if t.key == key and not t.tasks & tasks), None)
+        if table is None:
+            table = _Table(key, str(record["ckpt"]))
+            tables.append(table)
+        table.tasks |= tasks
+        table.folders.append(str(folder))
+        table.rows.extend(rows)
+    return [
+        SuiteSummary(
+            t.ckpt, [*t.rows, _average_row(t.rows)] if len(t.rows) > 1 else t.rows, t.folders
+        )
+        for t in tables
+    ]
+
+
+@dataclass
+class _Table:
+    """Suite folders being joined: what they share (`key`), their tasks, rows and folders."""
+
+    key: str
+    ckpt: str
+    tasks: set[str] = dataclasses.field(default_factory=set)
+    rows: list[TaskRow] = dataclasses.field(default_factory=list)
+    folders: list[str] = dataclasses.field(default_factory=list)
+
+
+def _join_key(record: dict[str, Any]) -> str:
+    """What suite folders must share to join: the checkpoint (as a path), the seeds, the
+    fine-tuning settings, and the per-task settings their tasks ran with (a suite's own)."""
+    per_task = sorted({json.dumps(v, sort_keys=True) for v in record["tasks"].values()})
+    ckpt = os.path.normpath(str(record["ckpt"]))
+    return json.dumps([ckpt, record["seeds"], record["finetune"], per_task], sort_keys=True)
 
 
 def _task_row(folder: Path, task: str, seeds: Sequence[int]) -> TaskRow | None:

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     for summary in report.suites:
-        print(f"suite of {summary.ckpt}:\n{summary.table()}\n")
+        print(f"suite of {summary.ckpt} ({', '.join(summary.folders)}):\n{summary.table()}\n")
     for note in report.notes:
         print(f"note: {note}")
     names = ", ".join(p.name for p in report.plots)

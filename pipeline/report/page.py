@@ -160,6 +160,7 @@ def _suite_section(builder: _Builder, suites: list[SuiteSummary]) -> None:
     builder.report.suites = suites
     for number, summary in enumerate(suites, start=1):
         builder.heading(f"Downstream suite (make glue): {summary.ckpt}")
+        builder.raw(f"<p>{html.escape(_folders_line(summary))}</p>")
         builder.raw(suite_table(summary))
         builder.plot(
             f"suite_{number}",
@@ -167,6 +168,13 @@ def _suite_section(builder: _Builder, suites: list[SuiteSummary]) -> None:
             lambda path, summary=summary: plot_suite(summary, path),
             "no task of the suite has finished",
         )
+
+
+def _folders_line(summary: SuiteSummary) -> str:
+    """Which suite folders a table reads (several when it joins them)."""
+    return ("from the suite folders " if len(summary.folders) > 1 else "from ") + ", ".join(
+        summary.folders
+    )
 
 
 def write_report(paths: Iterable[str | Path], out: str | Path | None = None) -> Report:

@@ -70,8 +70,12 @@ def test_gpt_takes_one_rate_and_bad_rates_are_named():
         match=r"backbone.attn_dropout is not a setting of a GPTConfig \(its rates: dropout\)",
     ):
         with_dropout(gpt, attn_dropout=0.1)
-    with pytest.raises(ConfigError, match=r"backbone.dropout must be in \[0, 1\), got 1.5"):
+    with pytest.raises(
+        ConfigError, match=r"backbone.dropout must be a number in \[0, 1\), got 1.5"
+    ):
         with_dropout(bert(), dropout=1.5)
+    with pytest.raises(ConfigError, match=r"backbone.dropout must be a number .* got 'abc'"):
+        with_dropout(bert(), dropout="abc")
 
 
 def test_the_suite_records_the_backbone_rates_only_when_set():

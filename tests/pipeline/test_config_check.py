@@ -22,7 +22,7 @@ from tests.conftest import compose_pretrain
             r"model\.n_heads=8 does not divide model\.d_model=250",
         ),
         (["model.n_layers=0"], r"model\.n_layers must be a positive integer"),
-        (["model.dropout=1.5"], r"model\.dropout must be in \[0, 1\)"),
+        (["model.dropout=1.5"], r"model\.dropout must be a number in \[0, 1\)"),
         (["+model.n_layer=2"], r"model: .*n_layer.*check the field names"),
         (["tokenizer=bpe"], r"tokenizer\.kind='bpe' does not fit a bert model"),
         (["model=gpt", "objective=mlm_nsp"], r"does not fit a gpt model"),

@@ -13,7 +13,12 @@ import pytest
 from pipeline.commands.report import main as report_main
 from pipeline.results import RESULTS, BestCheckpoint, FinalScores, FinetuneResults
 from pipeline.run_folder import SUITE_RECORD
-from pipeline.suite_summary import BASELINES, summarize_suite, summarize_suites
+from pipeline.suite_summary import (
+    BASELINES,
+    SuiteRecordError,
+    summarize_suite,
+    summarize_suites,
+)
 
 SETTINGS = {"optim": {"lr": 1e-4}}
 
@@ -23,10 +28,15 @@ def write_suite(
     scores: dict[str, dict[str, list[float]]],
     ckpt: str = "outputs/bert/a",
     settings: dict = SETTINGS,
+    task_settings: dict | None = None,
 ) -> Path:
     """A suite folder as `make glue` leaves it: task -> init -> accuracy per seed (1, 2, ...)."""
     seeds = sorted({n for inits in scores.values() for s in inits.values() for n in range(len(s))})
-    record = {"ckpt": ckpt, "tasks": {t: {} for t in scores}, "seeds": [s + 1 for s in seeds]}
+    record = {
+        "ckpt": ckpt,
+        "tasks": {t: task_settings or {} for t in scores},
+        "seeds": [s + 1 for s in seeds],
+    }
     folder.mkdir(parents=True)
     (folder / SUITE_RECORD).write_text(json.dumps(record | {"finetune": settings}))
     for task, inits in scores.items():
@@ -65,20 +75,36 @@ def test_suites_of_other_tasks_join_into_one_table_with_one_average(tmp_path):
     assert [r.task for r in summarize_suite(a).rows] == ["sst2"]  # one folder: its own table
 
 
-def test_suites_of_another_checkpoint_other_settings_or_the_same_task_stay_apart(tmp_path):
+def test_suites_that_differ_in_what_they_ran_stay_apart(tmp_path):
+    """Another checkpoint, fine-tuning settings, seeds or per-task settings (a quick suite's
+    sample against all the data), or the same task again: a table each."""
     sst2 = {"sst2": {"pretrained": [0.8], "scratch": [0.6]}}
+    rte = {"rte": {"pretrained": [0.6], "scratch": [0.5]}}
     first = write_suite(tmp_path / "a", sst2)
-    other_ckpt = write_suite(tmp_path / "b", {"rte": {"pretrained": [0.6]}}, ckpt="outputs/x")
-    other_lr = write_suite(tmp_path / "c", {"rte": {"pretrained": [0.6]}}, settings={"lr": 1})
-    again = write_suite(tmp_path / "d", sst2)  # the same task again: a second table
-    tables = summarize_suites([first, other_ckpt, other_lr, again])
-    assert [[r.task for r in t.rows] for t in tables] == [["sst2"], ["rte"], ["rte"], ["sst2"]]
-    assert [t.ckpt for t in tables] == [
-        "outputs/bert/a",
-        "outputs/x",
-        "outputs/bert/a",
-        "outputs/bert/a",
+    others = [
+        write_suite(tmp_path / "ckpt", rte, ckpt="outputs/x"),
+        write_suite(tmp_path / "lr", rte, settings={"optim": {"lr": 1}}),
+        write_suite(tmp_path / "seeds", {"rte": {"pretrained": [0.6, 0.6]}}),
+        write_suite(tmp_path / "sample", rte, task_settings={"datamodule.train_examples": 99}),
+        write_suite(tmp_path / "again", sst2),
     ]
+    tables = summarize_suites([first, *others])
+    assert [[r.task for r in t.rows] for t in tables] == [["sst2"]] + [["rte"]] * 4 + [["sst2"]]
+    assert [t.folders for t in tables] == [[str(f)] for f in [first, *others]]
+
+
+def test_the_same_checkpoint_written_two_ways_joins(tmp_path):
+    a = write_suite(tmp_path / "a", {"sst2": {"pretrained": [0.8]}}, ckpt="outputs/bert/a")
+    b = write_suite(tmp_path / "b", {"rte": {"pretrained": [0.6]}}, ckpt="outputs/bert/a/")
+    (table,) = summarize_suites([a, b])
+    assert table.folders == [str(a), str(b)]
+
+
+def test_a_record_without_its_keys_is_named(tmp_path):
+    folder = write_suite(tmp_path / "a", {"sst2": {"pretrained": [0.8]}})
+    (folder / SUITE_RECORD).write_text(json.dumps({"ckpt": "x", "tasks": {}}))
+    with pytest.raises(SuiteRecordError, match="lacks seeds, finetune"):
+        summarize_suites([folder])
 
 
 def test_make_report_prints_the_joined_table(tmp_path, capsys):
@@ -86,6 +112,6 @@ def test_make_report_prints_the_joined_table(tmp_path, capsys):
     b = write_suite(tmp_path / "b", {"rte": {"pretrained": [0.6], "scratch": [0.5]}})
     assert report_main([f"{a},{b}", "--out", str(tmp_path / "report")]) == 0
     printed = capsys.readouterr().out
-    assert "suite of outputs/bert/a:" in printed
+    assert f"suite of outputs/bert/a ({a}, {b}):" in printed
     assert "| average | GLUE score | 50.0 (best per task) | 70.0 | 55.0 | +15.0 | 1 |" in printed
     assert (tmp_path / "report" / "suite_1.png").is_file()
