@@ -20,7 +20,8 @@ tasks. The difference pretrained - scratch is paired over seeds, with a t interv
 
 A suite resumes: the same command with the same `run_name` (printed when a suite is cut short)
 skips every job whose `results.json` exists, moves an unfinished job's folder aside to
-`<job>.interrupted`, and refuses settings that differ from those the folder was started with.
+`<job>.interrupted`, and refuses settings that differ from those the folder was started with
+once one of its fine-tunes has finished.
 
 On several devices (`trainer.devices=2 trainer.strategy=ddp`) every job is one DDP fine-tune.
 Every process runs this loop; the first one alone checks and writes the suite's files and
@@ -184,12 +185,18 @@ def _trainer_record(cfg: DictConfig) -> dict:
 
 def check_or_write_record(folder: Path, record: dict) -> bool:
     """Write the suite's record into a new folder, or check a resumed folder's; returns
-    whether the folder was resumed.
+    whether the folder was resumed. A folder where no fine-tune has finished takes the new
+    settings (a command corrected after its first fine-tune refused a setting keeps its
+    run_name); its baselines, fitted for the old settings, are fitted again.
 
     Raises:
         ConfigError: the folder was started with other settings, or its record is unreadable.
     """
     path = folder / SUITE_RECORD
+    if path.exists() and not any(folder.glob(f"*/*/{RESULTS}")):
+        for stale in folder.glob(f"*/{BASELINES}"):
+            stale.unlink()
+        path.unlink()
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(record, indent=2) + "\n")

@@ -115,3 +115,28 @@ def test_make_report_prints_the_joined_table(tmp_path, capsys):
     assert f"suite of outputs/bert/a ({a}, {b}):" in printed
     assert "| average | GLUE score | 50.0 (best per task) | 70.0 | 55.0 | +15.0 | 1 |" in printed
     assert (tmp_path / "report" / "suite_1.png").is_file()
+
+
+def test_a_suite_with_no_finished_fine_tune_takes_corrected_settings(tmp_path):
+    """A command whose first fine-tune refused a setting, corrected, keeps its run_name: the
+    folder takes the new record and refits its baselines. Once a fine-tune has finished, other
+    settings are refused."""
+    from pipeline.config import ConfigError
+    from pipeline.glue import check_or_write_record
+
+    def record(lr: int) -> dict:
+        return {"ckpt": "x", "tasks": {"sst2": {}}, "seeds": [1], "finetune": {"lr": lr}}
+
+    folder = tmp_path / "suite"
+    assert check_or_write_record(folder, record(1)) is False
+    (folder / "sst2").mkdir()
+    (folder / "sst2" / BASELINES).write_text("{}")
+    assert check_or_write_record(folder, record(2)) is False
+    assert json.loads((folder / SUITE_RECORD).read_text()) == record(2)
+    assert not (folder / "sst2" / BASELINES).exists()
+    (folder / "sst2" / "pretrained-seed1").mkdir()
+    (folder / "sst2" / "pretrained-seed1" / RESULTS).write_text("{}")
+    assert check_or_write_record(folder, record(2)) is True
+    with pytest.raises(ConfigError, match="started with other finetune"):
+        check_or_write_record(folder, record(3))
+    assert json.loads((folder / SUITE_RECORD).read_text()) == record(2)
