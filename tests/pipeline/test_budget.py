@@ -153,6 +153,8 @@ def test_a_budgeted_run_ends_its_schedule_by_its_plan_within_the_budget(
     assert_schedule_complete(module, trainer, tmp_path / "run")
 
 
+@pytest.mark.slow  # real time: on a loaded machine (a clean-clone CI beside a fine-tune) its 6 s
+# made 6 steps, too few to warm up; the simulated-clock tests above check the same logic
 def test_a_run_slowed_by_real_sleeps_still_ends_its_schedule_within_the_budget(
     tmp_path, small_docs
 ):
