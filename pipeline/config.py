@@ -248,9 +248,12 @@ def _check_probe(probe: DictConfig | None, trainer: DictConfig) -> None:
     """Probes run a forward pass of the whole model outside Lightning's loop (pipeline/probe.py)."""
     if probe is None:
         return
-    _refuse_sharded(trainer, "probe=...", "drop the probes (probe=null)")
+    _refuse_sharded(trainer, "probe=...", "drop probe=... from the command")
     if not probe.get("tasks"):
-        raise ConfigError("probe.tasks is empty: name at least one task, or set probe=null")
+        raise ConfigError(
+            "probe.tasks is empty: name at least one task, or drop probe=... from the "
+            "command to run without probes"
+        )
     for key in ("every_n_steps", "train_examples", "dev_examples", "batch_size"):
         value = probe.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

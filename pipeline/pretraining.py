@@ -197,7 +197,9 @@ def build_probe(node: DictConfig | None, tokenizer: Tokenizer, plan: RunPlan) ->
             batch_size=node.batch_size,
         )
     except ValueError as err:  # TaskDataError (a missing file, a bad column), ConfigError
-        raise ConfigError(f"probe: {err}; or run without probes (probe=null)") from err
+        raise ConfigError(
+            f"probe: {err}; or drop probe=... from the command to run without probes"
+        ) from err
 
 
 def resumed_tokenizer(resumed: CheckpointSource | None, cfg: DictConfig) -> Tokenizer | None:

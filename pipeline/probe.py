@@ -105,7 +105,10 @@ class Probe(L.Callback):
         if every_n_steps < 1:
             raise ValueError(f"probe.every_n_steps={every_n_steps}: use 1 or more")
         if not tasks:
-            raise ValueError("probe.tasks is empty: name at least one task, or set probe=null")
+            raise ValueError(
+                "probe.tasks is empty: name at least one task, or drop probe=... from the "
+                "command to run without probes"
+            )
         self.every_n_steps = every_n_steps
         self.data: list[_ProbeData] = []
         for task in tasks:

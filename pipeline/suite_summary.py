@@ -5,7 +5,7 @@ difference with a confidence interval, and the best non-neural baseline; then th
     summary = summarize_suite("outputs/glue/<run>")   # from the folder's files alone
     print(summary.table())                            # Markdown
     summary.write(folder)                             # glue_summary.md and glue_summary.json
-    summarize_suites([a, b])   # one table of suites that ran other tasks of one checkpoint
+    summarize_suites([a, b])   # one table of suites that ran other tasks or seeds of one checkpoint
 
 A task's score is GLUE's: the mean of its metrics on its main dev split, times 100.
 """
@@ -206,8 +206,10 @@ def summarize_suite(folder: str | Path) -> SuiteSummary:
 
 def summarize_suites(folders: Iterable[str | Path]) -> list[SuiteSummary]:
     """The tables of several suite folders. Folders of one checkpoint fine-tuned with the same
-    settings whose tasks differ (one `make glue tasks=[...]` per task, run side by side) join
-    into one table with one average; any other folder gets a table of its own.
+    settings whose runs differ (one `make glue` per task, or per seed, run side by side) join
+    into one table: a task's row holds its seeds from every folder, and one average follows.
+    A folder that ran a task and seed the table already has gets a table of its own, as does
+    any other folder.
 
     Raises:
         FileNotFoundError: a folder holds no suite record.
@@ -218,44 +220,67 @@ def summarize_suites(folders: Iterable[str | Path]) -> list[SuiteSummary]:
     for folder in map(Path, folders):
         record = read_suite_record(folder)
         key = _join_key(record)
-        tasks = set(record["tasks"])
-        rows = [_task_row(folder, task, record["seeds"]) for task in record["tasks"]]
-        rows = [row for row in rows if row is not None]
-        table = next((t for t in tables if t.key == key and not t.tasks & tasks), None)
+        runs = {(task, seed) for task in record["tasks"] for seed in record["seeds"]}
+        table = next((t for t in tables if t.key == key and not t.runs & runs), None)
         if table is None:
             table = _Table(key, str(record["ckpt"]))
             tables.append(table)
-        table.tasks |= tasks
+        table.runs |= runs
         table.folders.append(str(folder))
-        table.rows.extend(rows)
-    return [
-        SuiteSummary(
-            t.ckpt, [*t.rows, _average_row(t.rows)] if len(t.rows) > 1 else t.rows, t.folders
-        )
-        for t in tables
-    ]
+        for task in record["tasks"]:
+            table.add(task, _task_scores(folder, task, record["seeds"]))
+    return [t.summary() for t in tables]
+
+
+@dataclass
+class _TaskScores:
+    """A task's results in one or more suite folders: its metrics, best non-neural baseline
+    (None until fitted) and each init's score per seed."""
+
+    metrics: list[str]
+    baseline: tuple[str, float] | None
+    scores: dict[str, dict[int, float]]
 
 
 @dataclass
 class _Table:
-    """Suite folders being joined: what they share (`key`), their tasks, rows and folders."""
+    """Suite folders being joined: what they share (`key`), the (task, seed) runs they hold,
+    each task's scores so far, and the folders."""
 
     key: str
     ckpt: str
-    tasks: set[str] = dataclasses.field(default_factory=set)
-    rows: list[TaskRow] = dataclasses.field(default_factory=list)
+    runs: set[tuple[str, int]] = dataclasses.field(default_factory=set)
+    tasks: dict[str, _TaskScores] = dataclasses.field(default_factory=dict)
     folders: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, task: str, found: _TaskScores) -> None:
+        known = self.tasks.setdefault(task, _TaskScores([], None, {i: {} for i in INITS}))
+        known.metrics = known.metrics or found.metrics
+        known.baseline = known.baseline or found.baseline
+        for init in INITS:
+            known.scores[init].update(found.scores[init])
+
+    def summary(self) -> SuiteSummary:
+        rows = [
+            _row(task, t.metrics, *t.baseline, t.scores[PRETRAINED], t.scores[SCRATCH])
+            for task, t in self.tasks.items()
+            if t.metrics and t.baseline is not None
+        ]
+        return SuiteSummary(
+            self.ckpt, [*rows, _average_row(rows)] if len(rows) > 1 else rows, self.folders
+        )
 
 
 def _join_key(record: dict[str, Any]) -> str:
-    """What suite folders must share to join: the checkpoint (as a path), the seeds, the
-    fine-tuning settings, and the per-task settings their tasks ran with (a suite's own)."""
+    """What suite folders must share to join: the checkpoint (as a path), the fine-tuning
+    settings, and the per-task settings their tasks ran with (a suite's own)."""
     per_task = sorted({json.dumps(v, sort_keys=True) for v in record["tasks"].values()})
     ckpt = os.path.normpath(str(record["ckpt"]))
-    return json.dumps([ckpt, record["seeds"], record["finetune"], per_task], sort_keys=True)
+    return json.dumps([ckpt, record["finetune"], per_task], sort_keys=True)
 
 
-def _task_row(folder: Path, task: str, seeds: Sequence[int]) -> TaskRow | None:
+def _task_scores(folder: Path, task: str, seeds: Sequence[int]) -> _TaskScores:
+    """A task's finished runs and fitted baselines in one suite folder."""
     scores: dict[str, dict[int, float]] = {init: {} for init in INITS}
     names: list[str] = []
     for init in INITS:
@@ -272,11 +297,10 @@ def _task_row(folder: Path, task: str, seeds: Sequence[int]) -> TaskRow | None:
             scores[init][seed] = task_score(metrics, names)
     baselines_path = folder / task / BASELINES
     if not names or not baselines_path.is_file():
-        return None
+        return _TaskScores(names, None, scores)
     baselines = json.loads(baselines_path.read_text(encoding="utf-8"))
     best = max(baselines, key=lambda name: task_score(baselines[name], names))
-    score = task_score(baselines[best], names)
-    return _row(task, names, best, score, scores[PRETRAINED], scores[SCRATCH])
+    return _TaskScores(names, (best, task_score(baselines[best], names)), scores)
 
 
 def _average_row(rows: Sequence[TaskRow]) -> TaskRow:

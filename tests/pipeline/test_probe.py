@@ -192,4 +192,4 @@ def test_a_missing_probe_file_stops_the_run_before_training(tmp_path):
         *probe_overrides({"sst2": tmp_path / "nowhere", "stsb": tmp_path / "nowhere"}),
     )
     assert done.returncode == 2
-    assert "probe:" in done.stderr and "probe=null" in done.stderr
+    assert "probe:" in done.stderr and "drop probe=... from the command" in done.stderr

@@ -29,13 +29,15 @@ def write_suite(
     ckpt: str = "outputs/bert/a",
     settings: dict = SETTINGS,
     task_settings: dict | None = None,
+    first_seed: int = 1,
 ) -> Path:
-    """A suite folder as `make glue` leaves it: task -> init -> accuracy per seed (1, 2, ...)."""
+    """A suite folder as `make glue` leaves it: task -> init -> accuracy per seed (first_seed,
+    first_seed + 1, ...)."""
     seeds = sorted({n for inits in scores.values() for s in inits.values() for n in range(len(s))})
     record = {
         "ckpt": ckpt,
         "tasks": {t: task_settings or {} for t in scores},
-        "seeds": [s + 1 for s in seeds],
+        "seeds": [s + first_seed for s in seeds],
     }
     folder.mkdir(parents=True)
     (folder / SUITE_RECORD).write_text(json.dumps(record | {"finetune": settings}))
@@ -43,7 +45,7 @@ def write_suite(
         (folder / task).mkdir()
         (folder / task / BASELINES).write_text(json.dumps({"majority": {"accuracy": 0.5}}))
         for init, values in inits.items():
-            for seed, value in enumerate(values, start=1):
+            for seed, value in enumerate(values, start=first_seed):
                 metrics = {"dev": {"accuracy": value, "loss": 1.0}}
                 job = folder / task / f"{init}-seed{seed}"
                 job.mkdir()
@@ -75,21 +77,39 @@ def test_suites_of_other_tasks_join_into_one_table_with_one_average(tmp_path):
     assert [r.task for r in summarize_suite(a).rows] == ["sst2"]  # one folder: its own table
 
 
+def test_suites_of_other_seeds_join_into_one_row_per_task(tmp_path):
+    """One `make glue seeds=[...]` per seed, side by side: each task's row holds every seed,
+    and the average pairs them."""
+    one = {"sst2": {"pretrained": [0.8], "scratch": [0.6]}, "rte": {"pretrained": [0.6]}}
+    a = write_suite(tmp_path / "a", one)
+    b = write_suite(
+        tmp_path / "b", one | {"rte": {"pretrained": [0.7], "scratch": [0.5]}}, first_seed=2
+    )
+    c = write_suite(tmp_path / "c", {"sst2": {"pretrained": [0.9, 1.0]}}, first_seed=3)
+    (joined,) = summarize_suites([a, b, c])
+    sst2, rte, average = joined.rows
+    assert sst2.pretrained.scores == pytest.approx({1: 80, 2: 80, 3: 90, 4: 100})
+    assert sst2.difference.n == 2  # seeds 1 and 2 have both inits
+    assert rte.pretrained.scores == pytest.approx({1: 60, 2: 70})
+    assert average.pretrained.scores == pytest.approx({1: 70, 2: 75})  # seeds every task has
+    assert average.difference.n == 1  # rte's scratch ran seed 2 only
+    assert joined.folders == [str(a), str(b), str(c)]
+
+
 def test_suites_that_differ_in_what_they_ran_stay_apart(tmp_path):
-    """Another checkpoint, fine-tuning settings, seeds or per-task settings (a quick suite's
-    sample against all the data), or the same task again: a table each."""
+    """Another checkpoint, fine-tuning settings or per-task settings (a quick suite's sample
+    against all the data), or the same task and seed again: a table each."""
     sst2 = {"sst2": {"pretrained": [0.8], "scratch": [0.6]}}
     rte = {"rte": {"pretrained": [0.6], "scratch": [0.5]}}
     first = write_suite(tmp_path / "a", sst2)
     others = [
         write_suite(tmp_path / "ckpt", rte, ckpt="outputs/x"),
         write_suite(tmp_path / "lr", rte, settings={"optim": {"lr": 1}}),
-        write_suite(tmp_path / "seeds", {"rte": {"pretrained": [0.6, 0.6]}}),
         write_suite(tmp_path / "sample", rte, task_settings={"datamodule.train_examples": 99}),
         write_suite(tmp_path / "again", sst2),
     ]
     tables = summarize_suites([first, *others])
-    assert [[r.task for r in t.rows] for t in tables] == [["sst2"]] + [["rte"]] * 4 + [["sst2"]]
+    assert [[r.task for r in t.rows] for t in tables] == [["sst2"]] + [["rte"]] * 3 + [["sst2"]]
     assert [t.folders for t in tables] == [[str(f)] for f in [first, *others]]
 
 
