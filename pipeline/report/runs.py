@@ -173,7 +173,7 @@ def find_runs(
                 f"results.json (a fine-tuning run folder, or a multirun folder of them) nor "
                 f"{SUITE_RECORD} (a make glue folder)"
             )
-    try:  # suites of one checkpoint and settings that ran other tasks join into one table
+    try:  # suites of one checkpoint and settings that ran other tasks or seeds join into one table
         suites = summarize_suites(suite_folders)
     except (SuiteRecordError, ResultsError) as err:
         raise ReportError(str(err)) from err
