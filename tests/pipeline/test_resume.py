@@ -33,9 +33,11 @@ from tests.pipeline.test_probe import probe_overrides, probe_steps, write_probe_
 from tokenizer import TokenizerSpec, get_tokenizer
 
 # bert-tiny has dropout, so the RNG state must be restored too; 40 optimizer steps with a
-# checkpoint every 5 leave time to kill the process mid-run.
+# checkpoint every 5 leave time to kill the process mid-run. Precision is pinned: null picks
+# bf16 or fp32 by timing both in each process, so under load a resumed run could pick the other.
 RUN = (
     "model=bert-tiny",
+    "trainer.precision=32",
     "objective.batch_size=8",
     "trainer.val_check_interval=20",
     "trainer.limit_val_batches=2",
