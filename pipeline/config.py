@@ -244,16 +244,18 @@ def _check_output_bias(choice: object, family: str, trainer: DictConfig) -> None
     _refuse_sharded(trainer, f"output_bias={choice}", "drop it (output_bias=zeros)")
 
 
+# How to run without the probes a command asked for (they are off unless `probe=` is given;
+# Hydra refuses `probe=null` for a config group).
+WITHOUT_PROBES = "drop probe=... from the command to run without probes"
+
+
 def _check_probe(probe: DictConfig | None, trainer: DictConfig) -> None:
     """Probes run a forward pass of the whole model outside Lightning's loop (pipeline/probe.py)."""
     if probe is None:
         return
-    _refuse_sharded(trainer, "probe=...", "drop probe=... from the command")
+    _refuse_sharded(trainer, "probe=...", WITHOUT_PROBES)
     if not probe.get("tasks"):
-        raise ConfigError(
-            "probe.tasks is empty: name at least one task, or drop probe=... from the "
-            "command to run without probes"
-        )
+        raise ConfigError(f"probe.tasks is empty: name at least one task, or {WITHOUT_PROBES}")
     for key in ("every_n_steps", "train_examples", "dev_examples", "batch_size"):
         value = probe.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -33,7 +33,7 @@ from pipeline.checkpoints import (
     resume_checkpoint,
 )
 from pipeline.cli import launcher_rank
-from pipeline.config import ConfigError, RunPlan
+from pipeline.config import WITHOUT_PROBES, ConfigError, RunPlan
 from pipeline.corpus_init import CorpusInit
 from pipeline.families import family_named
 from pipeline.finetuning import task_from
@@ -197,9 +197,7 @@ def build_probe(node: DictConfig | None, tokenizer: Tokenizer, plan: RunPlan) ->
             batch_size=node.batch_size,
         )
     except ValueError as err:  # TaskDataError (a missing file, a bad column), ConfigError
-        raise ConfigError(
-            f"probe: {err}; or drop probe=... from the command to run without probes"
-        ) from err
+        raise ConfigError(f"probe: {err}; or {WITHOUT_PROBES}") from err
 
 
 def resumed_tokenizer(resumed: CheckpointSource | None, cfg: DictConfig) -> Tokenizer | None:

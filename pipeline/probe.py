@@ -46,6 +46,7 @@ from models.heads import (
     pair_features,
 )
 from pipeline.baselines import dev_scores, fit_linear, predict_linear, standardize
+from pipeline.config import WITHOUT_PROBES
 from tokenizer import special_ids
 
 log = logging.getLogger(__name__)
@@ -105,10 +106,7 @@ class Probe(L.Callback):
         if every_n_steps < 1:
             raise ValueError(f"probe.every_n_steps={every_n_steps}: use 1 or more")
         if not tasks:
-            raise ValueError(
-                "probe.tasks is empty: name at least one task, or drop probe=... from the "
-                "command to run without probes"
-            )
+            raise ValueError(f"probe.tasks is empty: name at least one task, or {WITHOUT_PROBES}")
         self.every_n_steps = every_n_steps
         self.data: list[_ProbeData] = []
         for task in tasks:
