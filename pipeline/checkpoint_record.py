@@ -27,6 +27,12 @@ class CheckpointLoadError(ValueError):
     """A trained model could not be loaded; the message names the path and the fix."""
 
 
+class DamagedCheckpointError(CheckpointLoadError):
+    """A checkpoint file whose bytes are readable but are not a whole checkpoint (truncated,
+    corrupt): damaged for good, unlike a file the system failed to read (EIO, a lost NFS
+    mount), which may read on the next try."""
+
+
 @dataclass
 class CheckpointRecord:
     """What the pipeline keeps in a checkpoint beside Lightning's state.

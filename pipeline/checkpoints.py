@@ -28,9 +28,14 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from tokenizers import Tokenizer
 
 from models.config import BertConfig, GPTConfig
-from pipeline.checkpoint_record import CheckpointLoadError, CheckpointRecord
+from pipeline.checkpoint_record import (
+    CheckpointLoadError,
+    CheckpointRecord,
+    DamagedCheckpointError,
+)
 from pipeline.config import ConfigError
 from pipeline.lightning_compat import (
+    ResumeFileRankedCheckpoint,
     last_saved_step,
     mark_saved,
     remove_checkpoint,
@@ -70,7 +75,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return super().load_checkpoint(path, weights_only=weights_only, **where)
 
 
-class StepCheckpoint(ModelCheckpoint):
+class StepCheckpoint(ResumeFileRankedCheckpoint):
     """A ModelCheckpoint that saves only between optimizer steps, and always at the end.
 
     Lightning's saves a step when its first micro-batch ends (with gradient accumulation that
@@ -78,17 +83,20 @@ class StepCheckpoint(ModelCheckpoint):
     saved), and at the end only when nothing was saved during the run, so a run stopped by
     `max_time` or with `max_steps` not a multiple of `every_n_steps` would lose its last steps.
 
-    On resume, the callback that keeps the best checkpoints also adopts the ones on disk that
-    its restored state does not know: a periodic checkpoint is saved before the validation of
-    its step, so the best file that validation wrote is newer than the state resumed from.
+    On resume, each callback's restored record of its files is made to match the disk: files
+    gone since (moved aside as damaged, deleted by hand) are forgotten, so that `keep_last` and
+    `keep_best` count the files that exist; and the callback that keeps the best checkpoints
+    adopts its files that the restored state does not know (a periodic checkpoint is saved
+    before the validation of its step, so the best file that validation wrote is newer than
+    the state resumed from).
     """
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         mark_saved(self, trainer.global_step)  # resumed from it: on disk already
         self._align_log_step = trainer.global_step > 0
-        if trainer.global_step > 0 and self.monitor != "step":
-            self._adopt_saved_best(trainer)
+        if trainer.global_step > 0:
+            self._match_files_on_disk(trainer, adopt=self.monitor != "step")
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # Lightning's logging step is saved before a batch is counted
@@ -128,13 +136,14 @@ class StepCheckpoint(ModelCheckpoint):
             save_now(self, trainer)
         return Path(self.last_model_path) if self.last_model_path else None
 
-    def _adopt_saved_best(self, trainer) -> None:
-        """Add this callback's files on disk to its best-k record (each file holds its own
-        score), then keep only the best `save_top_k` of them."""
+    def _match_files_on_disk(self, trainer, *, adopt: bool) -> None:
+        """Forget the files of this callback's top-k record that are gone; with `adopt`, add
+        its files on disk that the record lacks (each file holds its own score). Then keep
+        only the best `save_top_k` of them."""
         for gone in [p for p in self.best_k_models if not Path(p).exists()]:
             del self.best_k_models[gone]  # moved aside as damaged, or deleted by hand
         prefix = self.filename.split("{")[0]
-        for path in sorted(Path(self.dirpath).glob(f"{prefix}*.ckpt")):
+        for path in sorted(Path(self.dirpath).glob(f"{prefix}*.ckpt")) if adopt else []:
             if str(path) in self.best_k_models:
                 continue
             score = saved_score(path, self.state_key)
@@ -153,7 +162,7 @@ class StepCheckpoint(ModelCheckpoint):
         for path in best_first[self.save_top_k :]:
             del self.best_k_models[path]
             if Path(path).exists():
-                log.info("keep_best=%d: removing %s (a better one is kept)", self.save_top_k, path)
+                log.info("keeping %d by %s: removing %s", self.save_top_k, self.monitor, path)
                 remove_checkpoint(self, trainer, path)
         kept = best_first[: self.save_top_k]
         self.best_model_path, self.kth_best_model_path = kept[0], kept[-1]
@@ -187,6 +196,13 @@ def checkpoint_callbacks(
         monitor="step",
         mode="max",
         save_top_k=keep_last,
+        # A run folder holds one `last.ckpt`, the newest: Lightning's version counter would
+        # write `last-v1.ckpt` beside it whenever a resumed run's restored state does not name
+        # the file on disk (a run resumed from a periodic checkpoint, then stopped again), and
+        # `ckpt=<run>` would load the stale one. Files are replaced atomically (AtomicCheckpointIO)
+        # and a folder is written by one run at a time (pipeline/run_lock.py), so a name that
+        # exists is this run's own earlier save of that name.
+        enable_version_counter=False,
     )
     callbacks = [periodic]
     if keep_best:
@@ -198,6 +214,7 @@ def checkpoint_callbacks(
                 monitor="val/loss",
                 mode="min",
                 save_top_k=keep_best,
+                enable_version_counter=False,
             )
         )
     return callbacks
@@ -310,10 +327,12 @@ def newest_checkpoint(run_dir: Path, *, set_aside_damaged: bool = False) -> Chec
         try:
             contents[path] = read_checkpoint(path)
             step = int(contents[path].get("global_step", -1))
-        except CheckpointLoadError as err:
-            # a file whose bytes are bad, not one the system failed to read (EIO, NFS)
-            if set_aside_damaged and not isinstance(err.__cause__, OSError):
+        except DamagedCheckpointError as err:
+            if set_aside_damaged:
                 err = f"{err}; moved aside to {set_aside(path).name}"
+            log.warning("skipping %s", err)
+            continue
+        except CheckpointLoadError as err:  # the system failed to read it: it may read later
             log.warning("skipping %s", err)
             continue
         kind = 0 if path.name.startswith("best-") else 1 if path.name == "last.ckpt" else 2

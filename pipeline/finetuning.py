@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import logging
 import shlex
@@ -545,12 +546,12 @@ def inference_setup(cfg: DictConfig, *, predicting: bool = False):
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    return tuned, task, module, datamodule, trainer
+    return tuned, task, settings, module, datamodule, trainer
 
 
 def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     """Dev metrics of a fine-tuned model; printed and written beside its checkpoint."""
-    tuned, task, module, datamodule, trainer = inference_setup(cfg)
+    tuned, task, settings, module, datamodule, trainer = inference_setup(cfg)
     datamodule.setup("validate")
     metrics = split_metrics(
         merge(trainer.validate(module, datamodule=datamodule, verbose=False)),
@@ -558,9 +559,13 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     )
     scored = {split: len(datamodule.examples(split)) for split in datamodule.eval_splits}
     limit = cfg.datamodule.get("max_examples")
-    out = run_folder_of(tuned.source) / f"eval_{task.name}.json"
+    evaluated = evaluation_settings(task, settings)
+    out = run_folder_of(tuned.source) / evaluation_file_name(
+        task.name, evaluated, evaluation_settings(*saved_or_given(DEFAULT_EVALUATION, tuned))
+    )
+    replaces = out.is_file()
     record = {"task": task.name, "checkpoint": str(tuned.source), "metrics": metrics}
-    write_json(out, {**record, "examples": scored, "max_examples": limit})
+    write_json(out, {**record, "examples": scored, "max_examples": limit, "settings": evaluated})
     for split, values in metrics.items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
         print(f"{task.name} {split} ({scored[split]:,} examples): {shown}")
@@ -572,8 +577,44 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
             f"scored every example; the model was fine-tuned with datamodule.max_examples="
             f"{tuned_limit} (its dev scores during fine-tuning were on the first {tuned_limit})"
         )
-    print(f"written to {out}")
+    print(
+        f"written to {out}"
+        + (" (replacing an evaluation with the same settings)" if replaces else "")
+    )
     return metrics
+
+
+# `make evaluate ckpt=...` with nothing else: the task and settings the model was fine-tuned with,
+# every example.
+DEFAULT_EVALUATION = OmegaConf.create({"datamodule": {"max_seq_len": None, "max_examples": None}})
+# The datamodule settings that change an evaluation's result (the rest, batch sizes and workers,
+# change only its speed).
+SCORING_SETTINGS = ("max_seq_len", "max_examples")
+
+
+def evaluation_settings(task: TaskSpec, settings: dict[str, Any]) -> dict[str, Any]:
+    """What an evaluation's result depends on besides the checkpoint: the task (files, splits,
+    columns, long-text settings) and the scoring settings, as plain data."""
+    return {
+        "task": json.loads(json.dumps(dataclasses.asdict(task), default=str)),
+        **{key: settings.get(key) for key in SCORING_SETTINGS},
+    }
+
+
+def evaluation_file_name(task: str, settings: dict[str, Any], default: dict[str, Any]) -> str:
+    """`eval_<task>.json` for the default evaluation; an evaluation with other settings gets a
+    name of its own, so that results that differ are never written over each other:
+    `eval_<task>-max<N>-len<L>.json` names the scoring settings that differ, and a hash of the
+    settings is added when anything else does (another task file, split or data folder)."""
+    parts = [f"eval_{task}"]
+    if settings["max_examples"] is not None:
+        parts.append(f"max{settings['max_examples']}")
+    if settings["max_seq_len"] != default["max_seq_len"]:
+        parts.append(f"len{settings['max_seq_len']}")
+    if settings["task"] != default["task"]:
+        digest = hashlib.sha256(json.dumps(settings["task"], sort_keys=True).encode())
+        parts.append(digest.hexdigest()[:8])
+    return "-".join(parts) + ".json"
 
 
 def run_folder_of(checkpoint: Path) -> Path:
@@ -587,7 +628,7 @@ def predict(cfg: DictConfig) -> list[Path]:
     GLUE submission TSVs (`index`, `prediction`), or for `predict.file` one row per document
     with the class probabilities too."""
     file = cfg.predict.file
-    tuned, task, module, datamodule, trainer = inference_setup(cfg, predicting=True)
+    tuned, task, _, module, datamodule, trainer = inference_setup(cfg, predicting=True)
     datamodule.setup("predict")
     outputs = trainer.predict(module, datamodule=datamodule)
     if len(datamodule.predict_splits) == 1:

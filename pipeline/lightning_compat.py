@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import inspect
 import re
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -37,6 +38,7 @@ INTERNALS: tuple[tuple[type, str], ...] = (
     (ModelCheckpoint, "_remove_checkpoint"),
     (ModelCheckpoint, "_last_global_step_saved"),
     (ModelCheckpoint, "_defer_save_until_validation"),
+    (ModelCheckpoint, "_should_remove_checkpoint"),
     (ExperimentWriter, "_check_log_dir_exists"),
     (ExperimentWriter, "metrics_keys"),
     (CSVLogger, "_experiment"),
@@ -125,6 +127,19 @@ def saved_now_not_deferred(callback: ModelCheckpoint) -> None:
 
 def remove_checkpoint(callback: ModelCheckpoint, trainer: L.Trainer, path: str) -> None:
     callback._remove_checkpoint(trainer, path)
+
+
+class ResumeFileRankedCheckpoint(ModelCheckpoint):
+    """A ModelCheckpoint that removes the file a run resumed from like any other of its files,
+    once its ranking drops it. Lightning's keeps that file forever (against a crash between
+    writing a new file and removing the old), so a run resumed from a best-by-validation file
+    ended with `keep_best + 1` of them. Here every file is complete under its name before an
+    older one is removed (written to a temporary name, then renamed), so nothing is at risk."""
+
+    def _should_remove_checkpoint(self, trainer: L.Trainer, previous: str, current: str) -> bool:
+        if previous == current:
+            return False
+        return Path(str(self.dirpath)).absolute() in Path(previous).absolute().parents
 
 
 # --- a CSV log that survives a resume -----------------------------------------------------------

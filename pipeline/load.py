@@ -36,7 +36,11 @@ from torch import nn
 
 from models.config import BertConfig, GPTConfig
 from models.hf import UnsupportedCheckpointError, load_hf
-from pipeline.checkpoint_record import CheckpointLoadError, CheckpointRecord
+from pipeline.checkpoint_record import (
+    CheckpointLoadError,
+    CheckpointRecord,
+    DamagedCheckpointError,
+)
 from pipeline.config import ConfigError
 from pipeline.families import family_named, family_of_model
 from tokenizer import (
@@ -49,6 +53,7 @@ from tokenizer import (
 __all__ = [
     "CheckpointLoadError",
     "CheckpointSource",
+    "DamagedCheckpointError",
     "Pretrained",
     "WrongFamilyError",
     "expect_family",
@@ -244,10 +249,23 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _unreadable(path: Path, err: Exception) -> CheckpointLoadError:
+    """`DamagedCheckpointError` when the file's bytes read but torch cannot make a checkpoint of
+    them, `CheckpointLoadError` when the system fails to read the bytes themselves. (torch's own
+    error does not tell: a file truncated below the zip footer fails its memory map with
+    OSError EINVAL, a bad disk read with OSError EIO.)"""
+    try:
+        with open(path, "rb") as handle:
+            while handle.read(1 << 24):
+                pass
+    except OSError as failed:
+        return CheckpointLoadError(
+            f"{path} could not be read ({failed}); if the disk or network file system is "
+            "back, try again, else use another checkpoint of the run"
+        )
     reason = (str(err).strip().splitlines() or [""])[0].split(". ")[0]  # torch's are long
     if isinstance(err, pickle.UnpicklingError):  # torch's text here suggests weights_only=False
         reason = "its bytes are not a PyTorch checkpoint"
-    return CheckpointLoadError(
+    return DamagedCheckpointError(
         f"{path} is not a readable checkpoint ({type(err).__name__}: {reason}); the file may be "
         "truncated or corrupt (e.g. copied while it was being written): use another checkpoint "
         "of the run or copy it again"

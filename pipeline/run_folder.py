@@ -6,6 +6,8 @@ say) would come after the folder's record of what its checkpoints were trained w
 overwritten. `RunFolderGuard`, a Hydra callback of `make pretrain` and `make finetune`, makes the
 checks that need nothing but the command line before Hydra writes anything:
 
+- the folder is taken for this run (`pipeline/run_lock.py`): a second command for a folder
+  in use stops with one line naming the other's pid and host;
 - `run_name` is one folder name (no `/`, `..`), so a run stays under `outputs/<model>/`;
 - a fresh run into a folder that holds a run is refused (`refuse_overwrite`, which the commands
   also call themselves, for runs started without Hydra);
@@ -35,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from pipeline.cli import launcher_rank
 from pipeline.config import ConfigError, check_run_name
 from pipeline.results import RESULTS
+from pipeline.run_lock import LOCK_FILE, RunFolderBusyError, lock_run_folder, release_run_folder
 
 Command = Literal["pretrain", "finetune", "glue"]
 SUITE_RECORD = "glue_suite.json"  # a `make glue` suite folder (pipeline/glue.py)
@@ -90,15 +93,19 @@ class RunFolderGuard(Callback):
                 config.hydra.output_subdir = None
             return
         HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in the folder name
+        global _created_run_dir
         try:
             check_run_name(config.get("run_name"))
             run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+            created = not run_dir.exists()
+            lock_run_folder(run_dir, self.command)  # before anything is read or written there
+            _created_run_dir = run_dir if created else None
             refuse_overwrite(self.command, run_dir, config.get("resume"))
         except ConfigError as err:
+            if not isinstance(err, RunFolderBusyError):  # the folder is the other run's
+                remove_unused_run_folder()
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
-        global _created_run_dir
-        _created_run_dir = None if run_dir.exists() else run_dir
         if (self.command == "pretrain" and resumes_a_run(run_dir, config.get("resume"))) or (
             self.command == "glue" and (run_dir / SUITE_RECORD).is_file()
         ):
@@ -115,9 +122,11 @@ def remove_unused_run_folder() -> Path | None:
     run_dir, _created_run_dir = _created_run_dir, None
     if run_dir is None or not run_dir.is_dir():
         return None
+    unused = {RECORD_DIR, SUITE_RECORD, LOCK_FILE}
     for entry in run_dir.iterdir():
-        if entry.name != RECORD_DIR and entry.suffix != ".log" and entry.name != SUITE_RECORD:
+        if entry.name not in unused and entry.suffix != ".log":
             return None  # the attempt did some work there: keep it
+    release_run_folder(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     return run_dir
 

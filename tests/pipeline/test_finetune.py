@@ -5,6 +5,7 @@ writes them."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -15,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from datamodules.tasks import load_labels
+from datamodules.tasks import TaskSpec, load_labels
 from pipeline import run_folder
 from pipeline.config import ConfigError
 from pipeline.finetuning import (
@@ -153,7 +154,7 @@ def test_best_checkpoint_is_chosen_by_the_main_metric_and_evaluate_reproduces_it
     again = evaluate(cfg)
     for name, value in results.best.metrics["dev"].items():
         assert again["dev"][name] == pytest.approx(value, abs=1e-5), name
-    assert json.loads((run_dir / "eval_sst2.json").read_text())["metrics"] == again
+    assert json.loads((run_dir / "eval_sst2-max96.json").read_text())["metrics"] == again
 
 
 def read_metrics(path: Path, column: str) -> list[float]:
@@ -586,6 +587,38 @@ def test_evaluate_says_which_examples_it_scored(sst2_run, tmp_path):
     assert "sst2 dev (10 examples)" in cut.stdout
     assert "scored the first 10 examples of each split" in cut.stdout
     assert ours(tmp_path) == []  # no folder of its own, in TMPDIR or elsewhere
+    # results of other settings go to a file of their own; the same settings replace, saying so
+    assert f"written to {sst2_run / 'eval_sst2-max10.json'}\n" in cut.stdout
+    assert json.loads((sst2_run / "eval_sst2-max10.json").read_text())["examples"] == {"dev": 10}
+    assert json.loads((sst2_run / "eval_sst2.json").read_text()) == record
+    again = run_cli("pipeline.commands.evaluate", f"ckpt={sst2_run}", tmp_path=tmp_path)
+    assert "(replacing an evaluation with the same settings)" in again.stdout
+    assert json.loads((sst2_run / "eval_sst2.json").read_text())["metrics"] == record["metrics"]
+
+
+def test_evaluations_with_other_settings_get_other_file_names():
+    from pipeline.finetuning import evaluation_file_name, evaluation_settings
+
+    task = TaskSpec(
+        name="sst2",
+        data_dir="glue/SST-2",
+        text_columns=["sentence"],
+        label_column="label",
+        files={"train": "t.tsv", "dev": "d.tsv"},
+    )
+    default = evaluation_settings(task, {"max_seq_len": 128, "max_examples": None})
+    names = {
+        evaluation_file_name("sst2", evaluation_settings(t, settings), default)
+        for t, settings in (
+            (task, {"max_seq_len": 128, "max_examples": None}),
+            (task, {"max_seq_len": 128, "max_examples": 10}),
+            (task, {"max_seq_len": 256, "max_examples": 10}),
+            (dataclasses.replace(task, data_dir="elsewhere"), {"max_seq_len": 128}),
+            (dataclasses.replace(task, files={"dev": "other.tsv"}), {"max_seq_len": 128}),
+        )
+    }
+    assert "eval_sst2.json" in names and "eval_sst2-max10.json" in names
+    assert "eval_sst2-max10-len256.json" in names and len(names) == 5
 
 
 def test_a_regression_task_needs_only_its_kind(bert_ckpt, tmp_path):

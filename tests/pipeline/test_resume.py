@@ -57,6 +57,12 @@ def train_losses(run_dir: Path) -> dict[int, float]:
         }
 
 
+def resumed_step(stdout: str) -> int:
+    """The step a resumed run says it continues from ("resuming from PATH (step N)"; the
+    file itself may be gone by the end of the run, dropped from the kept checkpoints)."""
+    return int(stdout.split("resuming from ")[1].split("(step ")[1].split(")")[0])
+
+
 def wait_for_checkpoint(process: subprocess.Popen, directory: Path, step: int) -> None:
     deadline = time.monotonic() + 300
     while not (directory / f"step{step:07d}.ckpt").exists():
@@ -114,9 +120,7 @@ def assert_resumes_exactly(
     resumed = run_pretrain(tmp_path, *run, f"run_name={name}", "resume=auto", **entry)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout
-    start = torch.load(resumed.stdout.split("resuming from ")[1].split()[0], weights_only=True)[
-        "global_step"
-    ]
+    start = resumed_step(resumed.stdout)
     assert 10 <= start < steps
     # Only whole steps are saved: nothing new right after resuming (e.g. mid-step).
     new = {p.name for p in (run_dir / "checkpoints").iterdir()} - before
@@ -186,6 +190,107 @@ def test_a_signalled_run_saves_its_step_and_resumes_exactly(signum, micro_batche
     assert max(train_losses(tmp_path / f"out/bert-tiny/{name}")) == stopped_at
     start = assert_resumes_exactly(tmp_path, run, name, reference_dir)
     assert start == stopped_at  # resumed from the step the signal saved, not an older one
+
+
+def signal_when_saved(tmp_path: Path, run, name: str, signum: int, *, first: str, after: int):
+    """Start run `name`, send it `signum` once a checkpoint named `first*` of a step past
+    `after` exists; the finished process (its stderr as `stderr_text`)."""
+    process = subprocess.Popen(
+        pretrain_command(tmp_path, *run, f"run_name={name}"),
+        cwd=REPO,
+        env=CLI_ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    directory = tmp_path / f"out/bert-tiny/{name}/checkpoints"
+    deadline = time.monotonic() + 300
+    while not any(int(p.stem.split("step")[1]) > after for p in directory.glob(f"{first}*.ckpt")):
+        assert process.poll() is None, process.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint after 300 s"
+        time.sleep(0.02)
+    process.send_signal(signum)
+    process.stderr_text = process.communicate(timeout=300)[1]
+    return process
+
+
+def test_two_stops_and_resumes_leave_one_last_checkpoint_the_newest(shared_runs):
+    """Ctrl-C, resume, SIGTERM, resume to the end: the folder holds one `last.ckpt`, of the
+    last step, no `-v1` copy beside it, and `ckpt=<run>` loads it. (The first stop comes before
+    the first periodic checkpoint, so the state it resumes from names no `last.ckpt` yet: the
+    case where Lightning wrote `last-v1.ckpt` and left the stale `last.ckpt` to be loaded.)"""
+    from pipeline.load import resolve_checkpoint
+
+    tmp_path, _ = shared_runs
+    run = (
+        *RUN,
+        "checkpoint.every_n_steps=10",
+        "trainer.val_check_interval=5",  # the first validation's best file: a step to stop at
+        f"trainer.max_steps={STEPS}",
+    )
+    name = "twostops"
+    stopped = signal_when_saved(tmp_path, run, name, signal.SIGINT, first="best-", after=0)
+    assert stopped.returncode == 130, stopped.stderr_text[-3000:]
+    first_stop = int(stopped.stderr_text.split("after step ")[1].split(";")[0])
+    resumed = (*run, "resume=auto")
+    again = signal_when_saved(
+        tmp_path, resumed, name, signal.SIGTERM, first="step", after=first_stop
+    )
+    assert again.returncode == 143, again.stderr_text[-3000:]
+    second_stop = int(again.stderr_text.split("after step ")[1].split(";")[0])
+    assert first_stop < second_stop < STEPS
+    assert again.stderr_text.split("; checkpoint ")[1].split()[0].endswith("/last.ckpt")
+    done = run_pretrain(tmp_path, *resumed, f"run_name={name}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert resumed_step(done.stdout) == second_stop
+    run_dir = tmp_path / f"out/bert-tiny/{name}"
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert [n for n in names if n.startswith("last")] == ["last.ckpt"], names
+    assert not [n for n in names if "-v" in n], names
+    assert torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)["global_step"] == STEPS
+    loaded = resolve_checkpoint(run_dir)
+    assert loaded.path.name == "last.ckpt" and loaded.contents["global_step"] == STEPS
+
+
+def test_every_damaged_file_is_moved_aside_once_and_the_kept_counts_hold(tmp_path):
+    """A torn `last.ckpt` and a periodic file cut to 5 kB (too short to be mapped): resume=auto
+    moves both aside and continues from the best file of that step; the run then keeps
+    `keep_best` best files (the one it resumed from is dropped like any other) and `keep_last`
+    periodic ones, and a later resume finds nothing damaged."""
+    run = (
+        "model=gpt-tiny",
+        "debug=smoke",
+        "logger=csv",
+        "run_name=torn2",
+        "checkpoint.every_n_steps=10",
+        "trainer.val_check_interval=10",
+        "checkpoint.keep_last=2",
+        "checkpoint.keep_best=1",
+    )
+    first = run_pretrain(tmp_path, *run, "trainer.max_steps=20")
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoints = tmp_path / "out/gpt-tiny/torn2/checkpoints"
+    assert (checkpoints / "best-step0000020.ckpt").is_file()
+    for name, size in (("last.ckpt", 100_000), ("step0000020.ckpt", 5_000)):
+        (checkpoints / name).write_bytes((checkpoints / name).read_bytes()[:size])
+    resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=30", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    output = resumed.stdout + resumed.stderr
+    assert "best-step0000020.ckpt (step 20)" in resumed.stdout
+    for name in ("last.ckpt", "step0000020.ckpt"):
+        assert f"moved aside to {name}.damaged" in output
+    names = sorted(p.name for p in checkpoints.iterdir())
+    best = [n for n in names if n.startswith("best-")]
+    assert best in (["best-step0000020.ckpt"], ["best-step0000030.ckpt"]), names
+    assert [n for n in names if n.startswith("step")] == [
+        "step0000010.ckpt",
+        "step0000020.ckpt.damaged",
+        "step0000030.ckpt",
+    ]
+    later = run_pretrain(tmp_path, *run, "trainer.max_steps=40", "resume=auto")
+    assert later.returncode == 0, later.stderr[-3000:]
+    assert "skipping" not in later.stdout + later.stderr
+    assert len(list(checkpoints.glob("best-*.ckpt"))) == 1
 
 
 def test_killed_run_with_a_time_budget_resumes_exactly(shared_runs):

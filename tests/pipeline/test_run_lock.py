@@ -1,0 +1,130 @@
+"""One run at a time in a run folder (pipeline/run_lock.py): a second command for a folder in
+use is refused before it writes anything, and a lock left by a killed run is taken over."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from pipeline.run_lock import (
+    LOCK_FILE,
+    RunFolderBusyError,
+    lock_run_folder,
+    release_run_folder,
+)
+from tests.conftest import CLI_ENV, CONF, REPO, pretrain_command, run_pretrain
+
+HOLD = (
+    "import sys; from pathlib import Path; from pipeline.run_lock import lock_run_folder; "
+    "lock_run_folder(Path(sys.argv[1]), 'pretrain'); print('held', flush=True); sys.stdin.read()"
+)
+
+
+def hold_lock(run_dir: Path) -> subprocess.Popen:
+    """Another process that takes `run_dir`'s lock and holds it until its stdin closes."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_folder_in_use_is_refused_naming_the_owner_then_free_when_it_exits(tmp_path):
+    holder = hold_lock(tmp_path / "run")
+    with pytest.raises(RunFolderBusyError) as refused:
+        lock_run_folder(tmp_path / "run", "pretrain")
+    message = str(refused.value)
+    assert f"pid {holder.pid} on {socket.gethostname()}" in message
+    assert f"kill {holder.pid}" in message and "run_name=" in message
+    holder.stdin.close()  # the owner ends normally: the lock is free and names no one
+    assert holder.wait(timeout=60) == 0
+    assert (tmp_path / "run" / LOCK_FILE).read_text() == ""
+    lock = lock_run_folder(tmp_path / "run", "finetune")
+    owner = json.loads((tmp_path / "run" / LOCK_FILE).read_text())
+    assert owner["command"] == "finetune" and owner["host"] == socket.gethostname()
+    assert lock_run_folder(tmp_path / "run", "finetune") is lock  # held already: the same
+    release_run_folder(tmp_path / "run")
+    assert (tmp_path / "run" / LOCK_FILE).read_text() == ""
+
+
+def test_the_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, caplog):
+    holder = hold_lock(tmp_path / "run")
+    holder.send_signal(signal.SIGKILL)  # no exit handler runs: the file still names it
+    holder.wait(timeout=60)
+    assert json.loads((tmp_path / "run" / LOCK_FILE).read_text())["pid"] == holder.pid
+    with caplog.at_level(logging.WARNING, logger="pipeline.run_lock"):
+        lock_run_folder(tmp_path / "run", "pretrain")
+    assert f"pid {holder.pid}" in caplog.text and "ended without releasing it" in caplog.text
+    release_run_folder(tmp_path / "run")
+
+
+def test_every_command_with_a_run_folder_takes_its_lock():
+    """`make pretrain`, `make finetune` and `make glue` write a run folder: each has the guard
+    that takes the lock before Hydra writes there."""
+    for name, command in (("pretrain", "pretrain"), ("finetune", "finetune"), ("glue", "glue")):
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            cfg = compose(name, return_hydra_config=True)
+        guard = cfg.hydra.callbacks.run_folder
+        assert guard._target_ == "pipeline.run_folder.RunFolderGuard" and guard.command == command
+
+
+def test_two_runs_into_one_folder_the_second_refused_the_first_as_if_alone(tmp_path):
+    """Two `make pretrain run_name=cc` started together (other learning rates): one is refused
+    with one line naming the other's pid and host, before it writes anything; the folder holds
+    the other's run alone: its record, and the weights and losses of the same run made alone."""
+    run = ("model=gpt-tiny", "debug=smoke", "logger=csv", "trainer.precision=32")
+    starts = [
+        subprocess.Popen(
+            pretrain_command(tmp_path, *run, "run_name=cc", f"optim.lr={lr}"),
+            cwd=REPO,
+            env=CLI_ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for lr in ("1e-3", "2e-3")
+    ]
+    ended = [(process, *process.communicate(timeout=600)) for process in starts]
+    codes = sorted(process.returncode for process, _, _ in ended)
+    assert codes == [0, 2], [err[-2000:] for _, _, err in ended]
+    [(winner, _, _)] = [e for e in ended if e[0].returncode == 0]
+    [(_, _, refusal)] = [e for e in ended if e[0].returncode == 2]
+    assert "Traceback" not in refusal
+    [line] = [x for x in refusal.splitlines() if x.startswith("error: ")]
+    assert f"is in use by pid {winner.pid} on {socket.gethostname()}" in line
+    run_dir = tmp_path / "out/gpt-tiny/cc"
+    lr = "1e-3" if winner is starts[0] else "2e-3"
+    assert f"optim.lr={lr}" in (run_dir / ".hydra/overrides.yaml").read_text()
+    assert not list((run_dir / ".hydra").glob("resume-*"))
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert not [n for n in names if "-v" in n], names
+    assert (run_dir / LOCK_FILE).read_text() == ""  # released at the end
+    alone = run_pretrain(tmp_path, *run, "run_name=alone", f"optim.lr={lr}")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    alone_dir = tmp_path / "out/gpt-tiny/alone"
+    assert names == sorted(p.name for p in (alone_dir / "checkpoints").iterdir())
+    ours = torch.load(run_dir / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
+    theirs = torch.load(alone_dir / "checkpoints/last.ckpt", weights_only=True)["state_dict"]
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert losses(run_dir) == losses(alone_dir)
+
+
+def losses(run_dir: Path) -> list[tuple[str, str, str]]:
+    """(step, train loss, validation loss) of each row of a run's CSV log, in order."""
+    with open(run_dir / "logs" / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    return [(r["step"], r.get("train/loss", ""), r.get("val/loss", "")) for r in rows]
