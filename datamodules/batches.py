@@ -212,6 +212,8 @@ class BertBatches(EpochBatches):
         if store.sentence_offsets is None:
             raise ValueError(f"{store.path} has no sentence offsets: it is not a BERT store")
         super().__init__(objective.batch_size, **shard)
+        if objective.next_sentence_prediction:
+            require_pairs(self.split, np.diff(store.doc_sentences)[documents])
         self.store = store
         self.objective = objective
         self.masker = masker
@@ -301,6 +303,41 @@ def assemble_pairs(
     return input_ids, token_type_ids, attention_mask
 
 
+def require_pairs(split: int, sentences: np.ndarray) -> None:
+    """Raise `DataSetupError` unless a split's documents, of `sentences` (M,) sentences each,
+    make next-sentence pairs: half of the pairs take their second sentence from another
+    document, and a pair starts at a sentence that has a next one (`datamodules.nsp`)."""
+    alone = "or train the masked LM alone: objective.next_sentence_prediction=false"
+    if len(sentences) < 2:
+        raise DataSetupError(
+            f"the {SPLIT_NAMES[split]} split has {len(sentences)} document(s), and BERT's "
+            "next-sentence prediction needs at least 2 (half of its pairs take the second "
+            f"sentence from another document); add documents, {alone}"
+        )
+    if sentences.max() < 2:
+        raise DataSetupError(
+            f"the {len(sentences)} {SPLIT_NAMES[split]} documents hold one sentence each, and "
+            "BERT's next-sentence prediction needs documents of 2 sentences or more (a pair "
+            "starts at a sentence that has a next one; a sentence ends at a line end, or at "
+            f". ! ? before a capital letter or digit); add text, {alone}"
+        )
+
+
+def require_window(split: int, tokens: int, seq_len: int) -> None:
+    """Raise `DataSetupError` unless a split's stream of `tokens` tokens holds one GPT window
+    (`seq_len` inputs and one more target: `PackedStream.num_windows`)."""
+    if tokens < seq_len + 1:
+        fix = "a larger datamodule.val_fraction, or a shorter objective.seq_len"
+        if split == TRAIN:
+            fix = "more text"
+            if tokens > 1:
+                fix += f", or shorter windows: objective.seq_len={tokens - 1}"
+        raise DataSetupError(
+            f"the {SPLIT_NAMES[split]} documents hold {tokens} tokens, fewer than one window of "
+            f"objective.seq_len + 1 = {seq_len + 1}; use {fix}"
+        )
+
+
 class GPTBatches(EpochBatches):
     """Packed windows of a split's document stream.
 
@@ -328,14 +365,8 @@ class GPTBatches(EpochBatches):
         self.objective = objective
         self.eos_id = store.eos_id
         self.token_bytes = token_bytes
-        windows = self.stream.num_windows(objective.seq_len)
-        if windows == 0:
-            raise DataSetupError(
-                f"the {SPLIT_NAMES[self.split]} documents hold {len(self.stream)} tokens, fewer "
-                f"than one window of objective.seq_len + 1 = {objective.seq_len + 1}; use more "
-                "text, a larger val_fraction, or a shorter seq_len"
-            )
-        self.set_num_items(windows)
+        require_window(self.split, len(self.stream), objective.seq_len)
+        self.set_num_items(self.stream.num_windows(objective.seq_len))
 
     def make_batch(
         self, epoch: int, items: np.ndarray, rng: np.random.Generator

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
@@ -36,11 +37,24 @@ log = logging.getLogger(__name__)
 DocSplit = Literal["file", "blank_line", "wikitext"]
 HFDocSplit = Literal["record", "wikitext"]
 Errors = Literal["strict", "replace", "skip"]
+ChangeDetection = Literal["auto", "content", "stat"]
 _WIKITEXT_ARTICLE = re.compile(r"^ = [^=].* = $")
 # Field metadata key of the settings that cannot change the documents read, mapped to the reason;
 # every other field is part of the fingerprint (`_fingerprint`).
 _NOT_IN_KEY = "not_in_key"
-_PATHS_REASON = "resolved to files, whose path, size and mtime are in the fingerprint"
+_PATHS_REASON = "resolved to files, whose path, size and content (or mtime) are in it"
+_CHANGE_REASON = (
+    "it decides how a file is identified, not what is read; the identity it picks (a digest or "
+    "an mtime) is in the fingerprint, and leaving the setting out keeps a `stat` key what it was "
+    "before the setting existed, so the caches of corpora identified by stat are not rebuilt"
+)
+# `change_detection=auto` hashes the files' bytes while they total at most this, else stats
+# them. `_file_digest` (sha256) reads 1.1-1.6 GB/s on one core of the shared 2-core AMD EPYC
+# development machine, from the page cache (blake2b 0.8-1.0, md5 0.5; a 256 MiB file timed in
+# 1, 4 and 8 MiB chunks, Nov 2026): about a second per process at this size, once per run
+# (`digests`). A cold read from disk is slower, at the disk's speed.
+AUTO_CONTENT_LIMIT = 1 << 30
+_HASH_CHUNK = 4 << 20
 
 
 class CorpusError(ValueError):
@@ -72,14 +86,41 @@ def _check_choice(key: str, value: object, choices: Any) -> None:
         )
 
 
-def _files_key(paths: list[str]) -> list[list]:
-    """What identifies the content of `paths`, in reading order: each file's absolute path, size
-    and modification time (hashing the bytes would mean reading the corpus on every run)."""
-    keys = []
-    for path in paths:
-        st = os.stat(path)
-        keys.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
+def _files_key(
+    paths: list[str], mode: ChangeDetection = "auto", digests: dict | None = None
+) -> list[list]:
+    """What identifies the content of `paths`, in reading order: each file's absolute path and
+    size, and a sha256 digest of its bytes (`mode="content"`) or its modification time
+    (`"stat"`; an edit that keeps the size and restores the mtime, as `cp -p` or `rsync -t`
+    of a changed file does, goes unnoticed). `"auto"` hashes while the files total at most
+    `AUTO_CONTENT_LIMIT` bytes. `digests` memoizes digests by file stat, so that the several
+    fingerprints a run takes read each file once."""
+    digests = {} if digests is None else digests
+    stats = [os.stat(path) for path in paths]
+    if mode == "auto":
+        mode = "content" if sum(st.st_size for st in stats) <= AUTO_CONTENT_LIMIT else "stat"
+    keys: list[list] = []
+    for path, st in zip(paths, stats, strict=True):
+        identity: int | str = st.st_mtime_ns
+        if mode == "content":
+            # any write or utime changes the ctime; the inode tells a replaced file apart
+            memo = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            if memo not in digests:
+                digests[memo] = _file_digest(path)
+            identity = digests[memo]
+        keys.append([os.path.abspath(path), st.st_size, identity])
     return keys
+
+
+def _file_digest(path: str) -> str:
+    """sha256 of a file's bytes (as stored: a .gz file's compressed bytes)."""
+    digest = hashlib.sha256()
+    buffer = bytearray(_HASH_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while size := handle.readinto(buffer):
+            digest.update(view[:size])
+    return digest.hexdigest()
 
 
 def _resolve_paths(patterns: str | Iterable[str], what: str) -> list[str]:
@@ -107,7 +148,7 @@ def _decode_lines(path: str, errors: Errors) -> Iterator[str]:
     """Yield the lines of a (possibly gzipped) file as text, reporting bad UTF-8 precisely."""
     offset = 0
     with _open_binary(path) as handle:
-        for raw in handle:
+        for raw in _gzip_checked(handle, path):
             try:
                 yield raw.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -122,6 +163,17 @@ def _decode_lines(path: str, errors: Errors) -> Iterator[str]:
                 else:
                     log.warning("%s: skipped a line with invalid UTF-8 at byte %d", path, offset)
             offset += len(raw)
+
+
+def _gzip_checked(handle, path: str) -> Iterator[bytes]:
+    """The lines of `handle`, with a damaged or mislabelled .gz file reported as a CorpusError."""
+    try:
+        yield from handle
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise CorpusError(
+            f"{path}: not a readable gzip file ({err}); a .gz name is read as gzip: "
+            "re-download or re-compress it, or drop the .gz suffix if it holds plain text"
+        ) from None
 
 
 def _join(lines: list[str]) -> str:
@@ -166,16 +218,25 @@ class TextFilesCorpus:
             more blank lines), or "wikitext" (an article starts at each ` = Title = ` line).
         errors: what to do with invalid UTF-8: "strict" (error naming file and byte offset),
             "replace" (U+FFFD), "skip" (drop the line, logged).
+        change_detection: how the caches tell that a file changed: "content" (a digest of its
+            bytes), "stat" (its size and modification time: fooled by an edit that keeps the
+            size and restores the mtime, as `cp -p` or `rsync -t` of a changed file does), or
+            "auto" (content while the files total at most 1 GiB, else stat).
     """
 
     paths: list[str] | str = field(default_factory=list, metadata={_NOT_IN_KEY: _PATHS_REASON})
     doc_split: DocSplit = "blank_line"
     errors: Errors = "strict"
+    change_detection: ChangeDetection = field(
+        default="auto", metadata={_NOT_IN_KEY: _CHANGE_REASON}
+    )
 
     def __post_init__(self) -> None:
         _check_choice("data.doc_split", self.doc_split, DocSplit)
         _check_choice("data.errors", self.errors, Errors)
+        _check_choice("data.change_detection", self.change_detection, ChangeDetection)
         self.files = _resolve_paths(self.paths, "text file")
+        self._digests: dict = {}
 
     def documents(self) -> Iterator[str]:
         for path in self.files:
@@ -197,10 +258,15 @@ class TextFilesCorpus:
         return False
 
     def fingerprint(self) -> str:
-        return _fingerprint(self, _files_key(self.files))
+        return _fingerprint(self, _files_key(self.files, self.change_detection, self._digests))
 
     def describe(self) -> str:
-        return f"{len(self.files)} text file(s) ({self.doc_split} documents)"
+        documents = {
+            "file": "one document per file",
+            "blank_line": "documents separated by blank lines",
+            "wikitext": "one document per ` = Title = ` article",
+        }
+        return f"{len(self.files)} text file(s), {documents[self.doc_split]}"
 
 
 @dataclass
@@ -212,15 +278,21 @@ class JsonlCorpus:
         text_field: the record field holding the text.
         errors: what to do with invalid UTF-8, as in `TextFilesCorpus` ("skip" drops the line,
             and so the record).
+        change_detection: as in `TextFilesCorpus`.
     """
 
     paths: list[str] | str = field(default_factory=list, metadata={_NOT_IN_KEY: _PATHS_REASON})
     text_field: str = "text"
     errors: Errors = "strict"
+    change_detection: ChangeDetection = field(
+        default="auto", metadata={_NOT_IN_KEY: _CHANGE_REASON}
+    )
 
     def __post_init__(self) -> None:
         _check_choice("data.errors", self.errors, Errors)
+        _check_choice("data.change_detection", self.change_detection, ChangeDetection)
         self.files = _resolve_paths(self.paths, "JSONL")
+        self._digests: dict = {}
 
     def documents(self) -> Iterator[str]:
         for path in self.files:
@@ -234,7 +306,7 @@ class JsonlCorpus:
                 yield _field(record, self.text_field, f"{path}:{number}")
 
     def fingerprint(self) -> str:
-        return _fingerprint(self, _files_key(self.files))
+        return _fingerprint(self, _files_key(self.files, self.change_detection, self._digests))
 
     def describe(self) -> str:
         return f"{len(self.files)} JSONL file(s), field {self.text_field!r}"
@@ -260,24 +332,41 @@ class ParquetCorpus:
         paths: glob patterns or file paths.
         text_field: the column holding the text.
         batch_rows: rows read at a time.
+        change_detection: as in `TextFilesCorpus`.
     """
 
     paths: list[str] | str = field(default_factory=list, metadata={_NOT_IN_KEY: _PATHS_REASON})
     text_field: str = "text"
     batch_rows: int = field(default=4096, metadata={_NOT_IN_KEY: "how many rows a read takes"})
+    change_detection: ChangeDetection = field(
+        default="auto", metadata={_NOT_IN_KEY: _CHANGE_REASON}
+    )
 
     def __post_init__(self) -> None:
+        _check_choice("data.change_detection", self.change_detection, ChangeDetection)
         self.files = _resolve_paths(self.paths, "Parquet")
+        self._digests: dict = {}
 
     def documents(self) -> Iterator[str]:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         for path in self.files:
-            parquet = pq.ParquetFile(path)
-            if self.text_field not in parquet.schema_arrow.names:
+            try:
+                parquet = pq.ParquetFile(path)
+            except pa.ArrowException as err:  # not Parquet, or damaged
+                raise CorpusError(f"{path}: not a readable Parquet file ({err})") from None
+            schema = parquet.schema_arrow
+            if self.text_field not in schema.names:
                 raise CorpusError(
-                    f"{path}: no column {self.text_field!r} (columns: "
-                    f"{parquet.schema_arrow.names}); set data.text_field"
+                    f"{path}: no column {self.text_field!r} (columns: {schema.names}); set "
+                    "data.text_field"
+                )
+            kind = schema.field(self.text_field).type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+                raise CorpusError(
+                    f"{path}: column {self.text_field!r} holds {kind}, not text; set "
+                    f"data.text_field to a text column (columns: {schema.names})"
                 )
             for batch in parquet.iter_batches(self.batch_rows, columns=[self.text_field]):
                 for text in batch.column(0).to_pylist():
@@ -285,7 +374,7 @@ class ParquetCorpus:
                         yield text
 
     def fingerprint(self) -> str:
-        return _fingerprint(self, _files_key(self.files))
+        return _fingerprint(self, _files_key(self.files, self.change_detection, self._digests))
 
     def describe(self) -> str:
         return f"{len(self.files)} Parquet file(s), column {self.text_field!r}"
@@ -395,6 +484,7 @@ class TaskTextsCorpus:
         if self.texts_per_document < 1:
             raise CorpusError(f"texts_per_document={self.texts_per_document}: use 1 or more")
         self.tasks = dict(self.tasks)
+        self._digests: dict = {}
         for name, spec in self.tasks.items():
             source = spec.source(spec.train_split)
             if not source.is_file():
@@ -419,7 +509,7 @@ class TaskTextsCorpus:
         # dev_fraction, split_seed) all decide what is read
         content: list[Any] = [[name, dataclasses.asdict(spec)] for name, spec in self.tasks.items()]
         files = [str(spec.source(spec.train_split)) for spec in self.tasks.values()]
-        content.append(_files_key(files))
+        content.append(_files_key(files, "auto", self._digests))
         return _fingerprint(self, content)
 
     def describe(self) -> str:

@@ -6,6 +6,9 @@
 - `prepare_data` (Lightning runs it on local rank 0) builds the token stores if they are missing
   or damaged; `setup` opens them on every rank (building, or waiting for the builder, when
   `prepare_data` did not run), holds out the validation documents and builds the datasets.
+- `check_documents` (which `make pretrain` calls before the run writes anything) builds the
+  training store and checks that its documents make the run's splits: a corpus too small for
+  the run fails there, saying how many documents it needs, why, and the settings that fix it.
 - Batches are described in `datamodules.batches`; each rank reads a disjoint share
   (`datamodules.sharding`).
 - `state_dict()` records the position (phase, epoch, optimizer steps done in the epoch) and the
@@ -45,10 +48,12 @@ from datamodules.batches import (
     EpochBatches,
     GPTBatches,
     StepBatches,
+    require_pairs,
+    require_window,
 )
 from datamodules.masking import MLMMasker, continuation_table
 from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective, Phase, phase_plan
-from datamodules.sharding import EpochSampler, split_documents
+from datamodules.sharding import EpochSampler, TooFewDocuments, split_documents
 from datamodules.store import StoreSettings, TokenStore
 from datamodules.store_build import StoreStats, open_or_build_store, store_path
 from tokenizer import SpecialIds, special_ids, tokenizer_kind
@@ -234,6 +239,12 @@ class PretrainDataModule(L.LightningDataModule):
         world_size: int | None = None,
     ) -> None:
         super().__init__()
+        if not 0 <= val_fraction < 1:
+            raise DataSetupError(
+                f"datamodule.val_fraction={val_fraction!r} is not in [0, 1): it is the share of "
+                "documents held out for validation; e.g. datamodule.val_fraction=0.05, or "
+                "datamodule.val_fraction=0 for no validation"
+            )
         self.corpus = corpus
         self.tokenizer = tokenizer
         self.objective = objective
@@ -254,6 +265,7 @@ class PretrainDataModule(L.LightningDataModule):
         self.special: SpecialIds = special_ids(tokenizer)
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.stats: list[StoreStats] = []
+        self._stores: dict[Path, TokenStore] = {}  # opened stores, by path
         self.store: TokenStore | None = None
         self.train_documents = self.val_documents = np.empty(0, dtype=np.int64)
         self.train_sets: list[EpochBatches] = []  # one per phase
@@ -303,16 +315,7 @@ class PretrainDataModule(L.LightningDataModule):
             val_docs = np.arange(val_store.num_documents)
         else:
             val_store = train_store
-            need = 2 if self._pairs else 1
-            window = 0 if self._pairs else world_size * self.phases[0].objective.seq_len + 1
-            train_docs, val_docs = split_documents(
-                np.diff(train_store.doc_offsets),
-                self.val_fraction,
-                self.seed,
-                min_val=need,
-                min_val_tokens=window,
-                min_train=need,
-            )
+            train_docs, val_docs = self._split(train_store, world_size)
         self.store, self.train_documents, self.val_documents = train_store, train_docs, val_docs
         first = self.phases[0].objective
         if len(val_docs):
@@ -386,6 +389,85 @@ class PretrainDataModule(L.LightningDataModule):
             and self.objective.next_sentence_prediction
         )
 
+    def check_documents(self, world_size: int = 1) -> None:
+        """Build (or reuse) the training store and check that its documents make the run's
+        splits, as `setup` will (from document lengths only: cheap), so that a corpus too small
+        for the run fails before the run writes anything.
+
+        Raises:
+            DataSetupError: naming how many documents or tokens the run needs and why.
+        """
+        if self.val_corpus is not None:
+            return
+        store = self._open(self.corpus, may_build=True)
+        train_docs, _ = self._split(store, world_size)
+        if self._pairs:
+            require_pairs(TRAIN, np.diff(store.doc_sentences)[train_docs])
+        if isinstance(self.objective, CausalLMObjective):
+            tokens = int(np.diff(store.doc_offsets)[train_docs].sum())
+            for phase in self.phases:
+                require_window(TRAIN, tokens, phase.objective.seq_len)
+
+    def _split(self, store: TokenStore, world_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(training, validation) documents of `store`, when there is no validation corpus."""
+        need = 2 if self._pairs else 1
+        window = 0 if self._pairs else world_size * self.phases[0].objective.seq_len + 1
+        lengths = np.diff(store.doc_offsets)
+        try:
+            return split_documents(
+                lengths,
+                self.val_fraction,
+                self.seed,
+                min_val=need,
+                min_val_tokens=window,
+                min_train=need,
+            )
+        except TooFewDocuments as err:
+            total = int(lengths.sum())
+            raise DataSetupError(self._too_few_documents(err, total, window)) from None
+
+    def _too_few_documents(self, err: TooFewDocuments, tokens: int, val_tokens: int) -> str:
+        """Why a corpus of `err.documents` documents (`tokens` in all) is too few for the run
+        (`val_tokens`: the validation window), and the data or settings (full Hydra keys) that
+        make it work."""
+        docs = err.documents
+        have = (
+            f"the corpus ({self.corpus.describe()}) has {docs} document{'s' * (docs != 1)} "
+            f"({tokens:,} tokens)"
+        )
+        held_out = f"datamodule.val_fraction={self.val_fraction} holds out whole documents"
+        if self._pairs:
+            # half of NSP's pairs take their second sentence from another document of the split
+            need = (
+                "BERT's next-sentence prediction needs at least 2 documents per split (half of "
+                "its pairs take the second sentence from another document)"
+            )
+            if self.val_fraction > 0:
+                need += f": 2 for training and 2 for validation ({held_out})"
+            if docs >= err.min_train:
+                fix = "train without validation: datamodule.val_fraction=0"
+            else:  # the masked LM alone trains on one document (and validates on another)
+                fix = "train the masked LM alone: objective.next_sentence_prediction=false" + (
+                    " datamodule.val_fraction=0" if self.val_fraction > 0 else ""
+                )
+            least = err.min_train + (2 if self.val_fraction > 0 else 0)
+            return f"{have}: {need}. Add documents ({least} or more in all), or {fix}"
+        window = self.phases[0].objective.seq_len + 1
+        if isinstance(self.objective, CausalLMObjective) and tokens < window:
+            # one window of all the text, and no validation, is what such a corpus allows
+            without = " datamodule.val_fraction=0" if self.val_fraction > 0 else ""
+            return (
+                f"{have}: too little text for one training window of objective.seq_len + 1 = "
+                f"{window} tokens. Add text, or train on one shorter window"
+                f"{' without validation' if without else ''}: objective.seq_len={tokens - 1}"
+                f"{without}"
+            )
+        return (
+            f"{have}: validation needs at least 1 document and {val_tokens:,} tokens ({held_out})"
+            f", here {err.held_out}, which leaves none for training. Add documents, or train "
+            "without validation: datamodule.val_fraction=0"
+        )
+
     def _ranks(self) -> tuple[int, int, bool]:
         """(rank, world size, whether this process may build stores)."""
         trainer = self.trainer
@@ -401,7 +483,10 @@ class PretrainDataModule(L.LightningDataModule):
 
     def _open(self, corpus, may_build: bool) -> TokenStore:
         fingerprint = corpus.fingerprint()
-        _check_ranks_agree(store_path(fingerprint, self.tokenizer, self.settings, self.cache_dir))
+        path = store_path(fingerprint, self.tokenizer, self.settings, self.cache_dir)
+        _check_ranks_agree(path)
+        if path in self._stores:  # opened by `check_documents`: verified once is enough
+            return self._stores[path]
         store, stats = open_or_build_store(
             corpus,
             self.tokenizer,
@@ -414,6 +499,7 @@ class PretrainDataModule(L.LightningDataModule):
         )
         if not any(s.path == stats.path for s in self.stats):
             self.stats.append(stats)
+        self._stores[path] = store
         return store
 
     def _batches(

@@ -48,7 +48,8 @@ def split_documents(
         (train, val) sorted document indices; every document is in exactly one.
 
     Raises:
-        ValueError: the fraction is out of range or the corpus too small for it.
+        ValueError: the fraction is out of range.
+        TooFewDocuments: the corpus is too small for it.
     """
     if not 0 <= val_fraction < 1:
         raise ValueError(f"data val_fraction must be in [0, 1), got {val_fraction!r}")
@@ -60,12 +61,20 @@ def split_documents(
         enough = np.cumsum(lengths[order]) >= min_val_tokens
         num_val = max(num_val, int(np.argmax(enough)) + 1 if enough.any() else len(lengths))
     if len(lengths) - num_val < min_train:
-        raise ValueError(
-            f"the corpus has {len(lengths)} documents: too few to hold out {num_val} for "
-            f"validation and keep {min_train} for training; use a larger corpus, a separate "
-            "validation corpus, or val_fraction=0"
-        )
+        raise TooFewDocuments(len(lengths), num_val, min_train)
     return np.sort(order[num_val:]), np.sort(order[:num_val])
+
+
+class TooFewDocuments(ValueError):
+    """`split_documents` cannot hold out `held_out` documents and keep `min_train`: the caller,
+    which knows why it needs them and which settings fix it, explains (`PretrainDataModule`)."""
+
+    def __init__(self, documents: int, held_out: int, min_train: int) -> None:
+        self.documents, self.held_out, self.min_train = documents, held_out, min_train
+        super().__init__(
+            f"the corpus has {documents} document(s): too few to hold out {held_out} for "
+            f"validation and keep {min_train} for training"
+        )
 
 
 @dataclass(frozen=True)

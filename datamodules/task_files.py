@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from datamodules.tasks import (
     Column,
     TaskDataError,
     TaskSpec,
+    is_bare_name,
     is_column_name,
     label_text,
 )
@@ -85,15 +87,31 @@ def read_examples(
 
 def _missing_file(spec: TaskSpec, split: str, path: Path, labelled: bool) -> str:
     """The error for a split's missing file, naming the settings that point to it (unlabelled
-    files are those of `task.predict.files`, see `TaskSpec.prediction_spec`)."""
+    files are those of `task.predict.files`, see `TaskSpec.prediction_spec`) with paths that
+    work when pasted: a bare file name is looked up in `task.data_dir`, a path with a folder in
+    it is read from the working directory (`datamodules.tasks.task_file`)."""
     key = f"task.files.{split}" if labelled else f"task.predict.files.{split}"
-    where = f"now {spec.data_dir!r}, relative to {os.getcwd()}"
-    other = "" if labelled else ", or label a file of your own with predict.file=PATH"
-    return (
-        f"task {spec.name!r}: the {split} file {path} does not exist; give the folder that "
-        f"holds {path.name} with task.data_dir=DIR ({where}), or the file with {key}=FILE"
-        f"{other}"
-    )
+    name = spec.files[split]
+    if is_bare_name(name):
+        hint = (
+            f"give the folder that holds {name} with task.data_dir=DIR (now {spec.data_dir!r}), "
+            f"or the file with {key}=FILE, a path with a folder in it, read from the working "
+            f"directory (e.g. {key}=./{name})"
+        )
+        elsewhere, pasted = Path(name), f"./{name}"  # the file in the working directory
+    else:
+        hint = (
+            f"{key}={name} is a path from the working directory (a bare file name is looked "
+            f"up in task.data_dir); give the file with {key}=FILE"
+        )
+        elsewhere = Path(os.path.expanduser(spec.data_dir)) / name  # as read before: in data_dir
+        pasted = elsewhere.as_posix()
+    if not labelled:
+        hint += ", or label a file of your own with predict.file=PATH"
+    if elsewhere.is_file():
+        hint += f"; {pasted} exists: {shlex.quote(f'{key}={pasted}')}"
+    where = "" if path.is_absolute() else f" (relative to {os.getcwd()})"
+    return f"task {spec.name!r}: the {split} file {path} does not exist{where}; {hint}"
 
 
 def _wanted_columns(spec: TaskSpec, labelled: bool) -> tuple[list[Column], list[Column]]:

@@ -55,12 +55,14 @@ class TaskSpec:
 
     Attributes:
         name: short task name (`cola`, `sst2`, ..., or a custom one); names the run's results.
-        data_dir: folder holding the files.
+        data_dir: folder holding the files (relative paths: from the working directory).
         text_columns: one column (single-sentence task) or two (sentence-pair task) holding the
             texts: header names, or 0-based field indices (required when `has_header` is false).
         label_column: the column holding the label (a name or an index).
         kind: "classification" (labels are class names) or "regression" (labels are numbers).
-        files: file name per split, e.g. `{train: train.tsv, dev: dev.tsv}`.
+        files: file per split, e.g. `{train: train.tsv, dev: dev.tsv}`: a bare file name is
+            a file in `data_dir`; a path with a folder in it (`./train.tsv`, `/data/train.tsv`)
+            is used as given (`task_file`).
         train_split: which of `files` is trained on (and collects labels when `labels` is null).
         eval_splits: splits evaluated, in order, each reported separately; null means every split
             in `files` except `train_split` (MNLI: dev_matched then dev_mismatched).
@@ -216,12 +218,12 @@ class TaskSpec:
         return self.kind == "regression"
 
     def path(self, split: str) -> Path:
-        """The file of `split`."""
+        """The file of `split` (`task_file`)."""
         if split not in self.files:
             raise TaskDataError(
                 f"task {self.name!r} has no split {split!r}; its splits are {list(self.files)}"
             )
-        return Path(os.path.expanduser(self.data_dir)) / self.files[split]
+        return task_file(self.data_dir, self.files[split])
 
     def source(self, split: str) -> Path:
         """The file `split`'s examples come from: its own, or for the split that `dev_fraction`
@@ -286,6 +288,22 @@ class TaskSpec:
                 f"task.format to one of {list(FORMATS)}"
             )
         return fmt
+
+
+def task_file(data_dir: str | os.PathLike, name: str) -> Path:
+    """Where a file of `task.files` / `task.predict.files` is: a bare file name (`test.tsv`,
+    as the task configs name them) is a file in `data_dir`; a path, one with a folder in it
+    (`./test.tsv`, `data/test.tsv`, `/data/test.tsv`, `~/test.tsv`), is used as given, from
+    the working directory like `task.data_dir` and `predict.file` (never from `data_dir`, so
+    a path typed from where the command runs is not read as `data_dir/data/...`)."""
+    if is_bare_name(name):
+        return Path(os.path.expanduser(str(data_dir))) / name
+    return Path(os.path.expanduser(name))
+
+
+def is_bare_name(name: str) -> bool:
+    """Whether `name` is a file name alone, without a folder (see `task_file`)."""
+    return not name.startswith("~") and "/" not in name and os.sep not in name
 
 
 def _plain(value: Any) -> Any:

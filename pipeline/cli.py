@@ -7,12 +7,16 @@
 - Free text (`make generate prompt="..."`, `make fill-mask text="..."`): `literal_text_overrides`
   quotes it for Hydra, whose override grammar would read `[`, `,`, `'` and `${` as syntax.
 - Sweeps: `make finetune seed=1,2,3` runs as a Hydra multirun (make itself swallows `-m`).
+- `override_error`: an override that Hydra's grammar cannot read (a path with `(`, `'` or `é`)
+  or a config choice that `conf/` does not have (`model=berty`) ends the command with one line,
+  the fix to paste included, before Hydra runs.
 - `user_errors`: bad input ends the run with one clear line and exit status 2, not a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import os
 import re
@@ -20,8 +24,13 @@ import shlex
 import sys
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 
+from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep
+from hydra.errors import OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
@@ -29,7 +38,8 @@ from datamodules.batches import DataSetupError
 from datamodules.corpus import CorpusError
 from datamodules.long_text import LongTextError
 from datamodules.tasks import TaskDataError
-from pipeline.config import ConfigError
+from pipeline.config_keys import hydra_quote
+from pipeline.errors import ConfigError
 from pipeline.load import CheckpointLoadError
 from pipeline.modules import NonFiniteLossError
 from tokenizer import (
@@ -122,7 +132,13 @@ def overrides_from_make(makeflags: str) -> list[str]:
     for word in parse_makeflags(makeflags):
         name, _, value = word.partition("=")
         if name == "ARGS":
-            extra = shlex.split(value)
+            try:
+                extra = shlex.split(value)
+            except ValueError as err:  # an unbalanced quote
+                raise ConfigError(
+                    f"ARGS={value!r}: {err}; ARGS is split into overrides as a shell splits "
+                    "words, so quotes in it come in pairs, e.g. ARGS=\"~logger.csv +x='a b'\""
+                ) from None
         elif name not in MAKE_ONLY_VARIABLES:
             overrides.append(word)
     return overrides + extra
@@ -137,15 +153,171 @@ def entry_point(
     `<group>.key=value` amend a saved value for each group of `amends` (`amending_overrides`)."""
     register_resolvers()
     if os.environ.pop(FROM_MAKE_ENV, None):
-        sys.argv.extend(overrides_from_make(os.environ.get("MAKEFLAGS", "")))
+        try:
+            sys.argv.extend(overrides_from_make(os.environ.get("MAKEFLAGS", "")))
+        except ConfigError as err:
+            _refuse(str(err))
     if literal_keys:
         sys.argv[1:] = literal_text_overrides(sys.argv[1:], literal_keys)
     for group in amends:
         sys.argv[1:] = amending_overrides(sys.argv[1:], group)
+    error = override_error(sys.argv[1:], command_name())
+    if error:
+        _refuse(error)
     if is_sweep(sys.argv[1:]) and not {"-m", "--multirun"} & set(sys.argv[1:]):
         # make swallows `-m` (`make finetune -m seed=1,2,3`): a sweep value implies it.
         sys.argv.insert(1, "--multirun")
     main()
+
+
+def _refuse(error: str) -> None:
+    """End a command line that Hydra would refuse (before it makes a run folder): one line."""
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
+def command_name() -> str | None:
+    """The module run as `python -m` (`pipeline.commands.pretrain`), if any."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None)
+
+
+def override_error(args: list[str], command: str | None = None) -> str | None:
+    """The one-line error for the first override among `args` (a command line) that Hydra's
+    grammar cannot read (`data.paths=run (2)/a.txt`) or that chooses a config that is not in
+    `conf/` (`model=berty`), else None. Hydra itself would end with several lines (a
+    traceback for some): here the line names the override, Hydra's reason, and a quoted form
+    that works when pasted, when quoting fixes it. `command`: the module of the command
+    (`pipeline.commands.pretrain`), named in the hint."""
+    try:
+        options, _ = get_args_parser().parse_known_args(args)
+    except SystemExit:  # an option Hydra refuses: it says so itself
+        return None
+    overrides = options.overrides or []
+    # configs found elsewhere as well (--config-dir, hydra.searchpath) may hold more choices
+    own_configs = not (
+        options.config_dir or options.config_path or any("searchpath" in o for o in overrides)
+    )
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            [parsed] = parser.parse_overrides([override])
+        except OverrideParseException as err:
+            return unreadable_override(override, err.message, command)
+        if own_configs and not parsed.is_delete() and parsed.package is None:
+            error = _unknown_choices(override, parsed.key_or_group, parsed.value())
+            if error:
+                return f"{override}: {error}"
+    return None
+
+
+def unreadable_override(override: str, message: str, command: str | None = None) -> str:
+    """The error for an override that Hydra's grammar refused with `message`."""
+    lines = [
+        line
+        for line in message.splitlines()
+        if line.strip() and not line.startswith(("See https:", "Error parsing override"))
+    ]
+    reason = "; ".join(lines)
+    lexer = "LexerNoViableAltException: "
+    if lines and lines[0].startswith(lexer) and len(lines) > 1 and "^" in lines[1]:
+        column = lines[1].index("^") - len(lexer)
+        if 0 <= column < len(override):
+            reason = f"it cannot read {override[column]!r} at character {column + 1}"
+    text = f"Hydra cannot read the override {override!r} ({reason})"
+    fix = quoted_override(override)
+    if fix is not None:
+        where = ""
+        if command and command.startswith(COMMANDS_PACKAGE):
+            name = command.removeprefix(COMMANDS_PACKAGE)
+            where = f" (the same after make {name.replace('_', '-')} or python -m {command})"
+        return f"{text}; quote the value: {fix}{where}"
+    if "=" not in override and not override.startswith("~"):
+        return f"{text}; an override is key=value (or ~key, which removes a key)"
+    if override.partition("=")[2].lstrip()[:1] in ("'", '"', "[", "{"):
+        return f"{text}; check that its quotes and brackets are balanced"
+    return f"{text}; see {OVERRIDE_GRAMMAR}"
+
+
+COMMANDS_PACKAGE = "pipeline.commands."
+OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+
+def quoted_override(override: str) -> str | None:
+    """`key=value` with the value (each item of a `[...]` list) in Hydra's quotes, as one
+    shell word that reads back as the text typed (`'data.paths="run (2)/a.txt"'`); None when
+    quoting does not make it readable, or when the value is quoted or bracketed already
+    (an unbalanced quote or bracket is no text to quote)."""
+    key, sep, value = override.partition("=")
+    if not sep or not value.strip() or value.lstrip()[:1] in ("'", '"', "{"):
+        return None
+    listed = value.startswith("[") and value.endswith("]")
+    if value.startswith("[") and not listed:
+        return None
+    items = [v.strip() for v in value[1:-1].split(",")] if listed else [value.strip()]
+    # in Hydra's single quotes (escaped within), the shell's double quotes can hold the word
+    quote = "'" if any("'" in v for v in items) else '"'
+    quoted = [hydra_quote(v, quote) for v in items]
+    word = f"{key}=[{','.join(quoted)}]" if listed else f"{key}={quoted[0]}"
+    shell = _shell_word(word)
+    try:
+        [parsed] = OverridesParser.create().parse_overrides([word])
+    except OverrideParseException:
+        return None
+    expected = items if listed else items[0]
+    if shlex.split(shell) != [word] or parsed.value() != expected:
+        return None
+    return shell
+
+
+def _shell_word(word: str) -> str:
+    """`word` quoted for a POSIX shell: in single quotes where it has none, in double quotes
+    where nothing in it is special there (a backslash is, only before `$`, `` ` ``, `"`, `\\`),
+    else as `shlex.quote` writes it."""
+    if "'" not in word:
+        return f"'{word}'"
+    if not re.search(r'["$`!]|\\[$`"\\\n]', word):
+        return f'"{word}"'
+    return shlex.quote(word)
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def config_choices(group: str) -> list[str]:
+    """The configs of a config group: the names of `conf/<group>/*.yaml` ([] when `group` is
+    not a folder of `conf/`)."""
+    folder = CONF_DIR / group
+    if not group or not folder.is_dir() or folder.parent != CONF_DIR:
+        return []
+    return sorted(p.relative_to(folder).with_suffix("").as_posix() for p in folder.rglob("*.yaml"))
+
+
+def unknown_choice(group: str, name: str, key: str | None = None) -> str | None:
+    """The error for `name`, not a config of `group` (`conf/<group>/<name>.yaml`): the
+    choices, and the closest (as `key=<closest>` with `key`, the override's key); None when
+    `name` is one, or `group` is not a config group."""
+    choices = config_choices(group)
+    if not choices or name in choices:
+        return None
+    close = difflib.get_close_matches(name, choices, n=1)
+    hint = f"; did you mean {f'{key}={close[0]}' if key else close[0]}?" if close else ""
+    return (
+        f"there is no {group} config {name!r} (conf/{group}/{name}.yaml); the choices are "
+        f"{', '.join(choices)}{hint}"
+    )
+
+
+def _unknown_choices(override: str, group: str, value: Any) -> str | None:
+    """`unknown_choice` for each config a group override chooses (one, a list, or a sweep)."""
+    if isinstance(value, str):
+        return unknown_choice(group, value, override.partition("=")[0])
+    names = value.list if isinstance(value, ChoiceSweep) else value
+    for name in names if isinstance(names, list) else []:
+        error = unknown_choice(group, name) if isinstance(name, str) else None
+        if error:
+            return error
+    return None
 
 
 def command_overrides() -> list[str]:
@@ -228,8 +400,7 @@ def _hydra_quote(text: str) -> str:
     doubled backslashes where they precede a quote or end the string.
     """
     text = re.sub(r"(\\*)\$\{", lambda m: m[1] * 2 + "\\${", text)
-    text = re.sub(r"(\\*)('|$)", lambda m: m[1] * 2 + ("\\'" if m[2] else ""), text)
-    return f"'{text}'"
+    return hydra_quote(text, "'")
 
 
 USER_ERRORS = (
@@ -256,7 +427,10 @@ def user_errors() -> Iterator[None]:
     except USER_ERRORS as err:
         if os.environ.get("LMPIPE_DEBUG"):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        message = str(err)
+        if isinstance(err, MissingMandatoryValue):  # OmegaConf's message spans lines
+            message = f"{err.full_key} is not set; give it on the command line: {err.full_key}=..."
+        print(f"error: {message}", file=sys.stderr)
         print("(set LMPIPE_DEBUG=1 to see the traceback)", file=sys.stderr)
         from pipeline.run_folder import remove_unused_run_folder  # it imports this module
 

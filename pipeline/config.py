@@ -22,9 +22,12 @@ from datamodules.objective import (
     longest_seq_len,
     phase_plan,
 )
+from datamodules.pretrain import PretrainDataModule
 from models.config import BertConfig, GPTConfig
 from pipeline.budget import budget_seconds
+from pipeline.config_keys import check_keys
 from pipeline.corpus_init import OUTPUT_BIAS_CHOICES
+from pipeline.errors import ConfigError
 from pipeline.families import UnknownFamilyError, family_of_config
 from pipeline.schedules import resolve_warmup
 from tokenizer import TokenizerSpec
@@ -34,10 +37,6 @@ log = logging.getLogger(__name__)
 # The longest position table allowed, as a multiple of the trained sequence length (BERT: 512/128).
 UNTRAINED_POSITIONS_RATIO = 4
 PRECISIONS = (None, "32", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
-
-
-class ConfigError(ValueError):
-    """A config value is missing or invalid; the message names the key and the fix."""
 
 
 @dataclass
@@ -77,6 +76,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
             f"required config value(s) not set: {', '.join(missing)}; give them on the command "
             f"line, e.g. make pretrain data=text_files data.paths='corpus/*.txt'"
         )
+    _check_setting_keys(cfg)
     model = build("model", cfg.model)
     tokenizer = build("tokenizer", cfg.tokenizer)
     objective = build("objective", cfg.objective)
@@ -110,6 +110,45 @@ def check_config(cfg: DictConfig) -> RunPlan:
         raise ConfigError(str(err)) from err
     corpus = build("data", cfg.data)
     return RunPlan(family.name, model, tokenizer, objective, corpus)
+
+
+# What the run passes to the optimizer and schedule of `conf/optim/`, `conf/schedule/` itself.
+OPTIMIZER_ARGUMENTS = ("params",)
+SCHEDULE_ARGUMENTS = ("optimizer", "total_steps", "pace")
+# What pretraining and fine-tuning pass to Lightning's Trainer besides `trainer.*`.
+TRAINER_ARGUMENTS = ("logger", "callbacks", "plugins")
+# The settings read one by one from the `checkpoint` and `module` nodes of a pretraining config.
+CHECKPOINT_KEYS = ("every_n_steps", "keep_last", "keep_best")
+MODULE_KEYS = ("max_nonfinite_steps", "compile")
+# What `pipeline.pretraining.build_datamodule` passes to the datamodule besides `datamodule.*`.
+DATAMODULE_ARGUMENTS = (
+    "corpus",
+    "tokenizer",
+    "objective",
+    "cache_dir",
+    "seed",
+    "micro_batches",
+    "max_steps",
+)
+
+
+def _check_setting_keys(cfg: DictConfig) -> None:
+    """Every key of the nodes a pretraining run builds its parts from is one that their
+    constructor takes (`check_keys`)."""
+    for key in ("model", "tokenizer", "objective", "data", "logger"):
+        check_keys(key, cfg.get(key))
+    check_keys("optim", cfg.optim, supplied=OPTIMIZER_ARGUMENTS)
+    check_keys("schedule", cfg.schedule, supplied=SCHEDULE_ARGUMENTS)
+    check_keys(
+        "trainer",
+        cfg.trainer,
+        supplied=(*TRAINER_ARGUMENTS, "reload_dataloaders_every_n_epochs"),
+        extra=("budget",),
+    )
+    check_keys("datamodule", cfg.datamodule, PretrainDataModule, supplied=DATAMODULE_ARGUMENTS)
+    check_keys("checkpoint", cfg.checkpoint, accepted=CHECKPOINT_KEYS)
+    check_keys("module", cfg.module, accepted=MODULE_KEYS)
+    check_keys("probe", cfg.get("probe"))  # its tasks
 
 
 def _check_phases(objective: Objective, max_seq_len: int, trainer: DictConfig) -> None:
@@ -285,9 +324,16 @@ def _check_run(cfg: DictConfig) -> None:
     for key, (value, low) in at_least.items():
         if not isinstance(value, int) or value < low:
             raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
+    check_seed(cfg.seed)
     check_run_name(cfg.run_name)
     if cfg.resume is not None and not str(cfg.resume):
         raise ConfigError("resume is empty; use resume=auto, a *.ckpt file or a run folder")
+
+
+def check_seed(seed: object) -> None:
+    """`seed` seeds every random number generator: a whole number."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ConfigError(f"seed={seed!r} is not a whole number; e.g. seed=1234")
 
 
 def check_run_name(name: object) -> None:

@@ -45,7 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from datamodules.task_files import task_examples
 from pipeline.baselines import baseline_scores
 from pipeline.config import ConfigError
-from pipeline.finetuning import finetune, task_from
+from pipeline.finetuning import check_finetune_keys, finetune, task_from
 from pipeline.load import resolve_checkpoint
 from pipeline.results import RESULTS
 from pipeline.run_folder import SUITE_RECORD, first_process
@@ -109,6 +109,8 @@ def suite_tasks(cfg: DictConfig) -> list[SuiteTask]:
             "suite.tasks={sst2:{},rte:{}}"
         )
     chosen = cfg.get("tasks")
+    if isinstance(chosen, str):  # tasks=sst2: one task
+        chosen = [chosen]
     names = list(chosen) if chosen is not None else list(listed)
     if not names:
         raise ConfigError("no task to run: choose a suite (suite=quick) or tasks=[sst2,rte]")
@@ -244,6 +246,7 @@ def run_suite(
         raise ConfigError(
             "ckpt is not set: give the pretrained model, e.g. make glue ckpt=outputs/bert/<run>"
         )
+    check_finetune_keys(cfg)  # before the suite's record: as each job would
     folder = Path(cfg.paths.output_dir)
     tasks, seeds = suite_tasks(cfg), seeds_of(cfg.seeds)
     nodes = {t.name: load_task(t.name) for t in tasks}  # every name checked before any job

@@ -50,7 +50,7 @@ from pipeline.modules import PretrainModule
 from pipeline.precision import best_precision
 from pipeline.probe import Probe
 from pipeline.run_folder import attempt_record, first_process
-from tokenizer import get_tokenizer
+from tokenizer import get_tokenizer, warn_if_short_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -221,12 +221,19 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
     # read once: the compatibility checks below and Lightning's restore share its contents
     resumed = resume_checkpoint(cfg.resume, run_dir, first_process=first_process())
     resume_from = resumed.path if resumed is not None else None
-    tokenizer = resumed_tokenizer(resumed, cfg) or get_tokenizer(
-        plan.tokenizer, plan.corpus, cfg.paths.cache_dir, may_train=launcher_rank() == 0
-    )
+    tokenizer = resumed_tokenizer(resumed, cfg)
+    if tokenizer is None:
+        tokenizer = get_tokenizer(
+            plan.tokenizer, plan.corpus, cfg.paths.cache_dir, may_train=launcher_rank() == 0
+        )
+    elif first_process() and plan.tokenizer.path is None:  # trained for this run's settings
+        warn_if_short_vocabulary(plan.tokenizer, tokenizer)
     module, datamodule, trainer = assemble(cfg, plan, tokenizer, run_dir, resumed=resumed)
     if resumed is not None:
         check_compatible(resumed.contents, module.model_config, tokenizer)
+    if first_process():
+        # a corpus too small for the run fails here, before the run folder holds anything
+        datamodule.check_documents(trainer.world_size)
     if trainer.is_global_zero:
         tokenizer.save(str(run_dir / "tokenizer.json"))
         log_run_start(
@@ -238,8 +245,8 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
             tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
         )
         print(f"{plan.family} model, {module.parameter_count():,} parameters; run folder {run_dir}")
-        if resume_from is not None:
-            print(f"resuming from {resume_from}")
+        if resumed is not None:
+            print(f"resuming from {resumed.path} (step {resumed.contents['global_step']})")
     # A signal ends `fit` with `TrainingInterrupted` (pipeline/interrupt.py), for the command.
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
     if trainer.is_global_zero:

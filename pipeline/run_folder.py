@@ -44,8 +44,10 @@ SUITE_RECORD = "glue_suite.json"  # a `make glue` suite folder (pipeline/glue.py
 CHECKPOINT_DIR = "checkpoints"
 RECORD_DIR = ".hydra"
 
-# The run folder this process's attempt created (set before Hydra writes into it), if any.
+# The run folder this process's attempt created (set before Hydra writes into it), if any,
+# and the outermost folder the attempt created for it (`outputs/<model>/` on a first run).
 _created_run_dir: Path | None = None
+_created_top: Path | None = None
 
 
 def refuse_overwrite(command: Command, run_dir: Path, resume: Any = None) -> None:
@@ -93,13 +95,17 @@ class RunFolderGuard(Callback):
                 config.hydra.output_subdir = None
             return
         HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in the folder name
-        global _created_run_dir
+        global _created_run_dir, _created_top
         try:
             check_run_name(config.get("run_name"))
             run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
-            created = not run_dir.exists()
+            missing = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+            # refused before the lock too, so that a refused attempt leaves the folder as it was
+            refuse_overwrite(self.command, run_dir, config.get("resume"))
             lock_run_folder(run_dir, self.command)  # before anything is read or written there
-            _created_run_dir = run_dir if created else None
+            _created_run_dir = run_dir if missing else None
+            _created_top = missing[-1] if missing else None
+            # and again: a run that held the folder until now may have written a run there
             refuse_overwrite(self.command, run_dir, config.get("resume"))
         except ConfigError as err:
             if not isinstance(err, RunFolderBusyError):  # the folder is the other run's
@@ -118,8 +124,9 @@ def remove_unused_run_folder() -> Path | None:
     """Remove the run folder that this attempt created, if it holds only what Hydra and the
     command write before any work (`.hydra/`, `*.log`, a suite's record); returns it if removed.
     Called when the attempt ends on an error in the user's input."""
-    global _created_run_dir
+    global _created_run_dir, _created_top
     run_dir, _created_run_dir = _created_run_dir, None
+    top, _created_top = _created_top, None
     if run_dir is None or not run_dir.is_dir():
         return None
     unused = {RECORD_DIR, SUITE_RECORD, LOCK_FILE}
@@ -128,6 +135,13 @@ def remove_unused_run_folder() -> Path | None:
             return None  # the attempt did some work there: keep it
     release_run_folder(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
+    for parent in run_dir.parents:  # the folders made for it, while nothing else is there
+        if top is None or top not in (parent, *parent.parents):
+            break
+        try:
+            parent.rmdir()
+        except OSError:  # another run's folder is there now
+            break
     return run_dir
 
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,12 @@
 from tokenizer.build import EmptyCorpusError, batched, train_tokenizer
 from tokenizer.cache import atomic_path, tokenizers_version, write_text_atomic
 from tokenizer.load import TokenizerLoadError, load_tokenizer
-from tokenizer.spec import TokenizerSpec, get_tokenizer, tokenizer_cache_path
+from tokenizer.spec import (
+    TokenizerSpec,
+    get_tokenizer,
+    tokenizer_cache_path,
+    warn_if_short_vocabulary,
+)
 from tokenizer.special import (
     MissingSpecialTokensError,
     SpecialIds,
@@ -28,5 +33,6 @@ __all__ = [
     "tokenizer_kind",
     "tokenizers_version",
     "train_tokenizer",
+    "warn_if_short_vocabulary",
     "write_text_atomic",
 ]

@@ -108,16 +108,43 @@ def get_tokenizer(
         tokenizer = _wait_for_cached(path, wait_timeout_s)
     if tokenizer is not None:
         log.info("reusing cached tokenizer %s", path)
-        return tokenizer
-    log.info(
-        "training a %s tokenizer (vocab %d) on %s", spec.kind, spec.vocab_size, corpus.describe()
-    )
-    tokenizer = train_tokenizer(
-        spec.kind, batched(corpus.documents()), spec.vocab_size, spec.min_frequency, spec.lowercase
-    )
-    write_cached(tokenizer, path)
-    log.info("saved tokenizer to %s", path)
+    else:
+        log.info(
+            "training a %s tokenizer (vocab %d) on %s",
+            spec.kind,
+            spec.vocab_size,
+            corpus.describe(),
+        )
+        tokenizer = train_tokenizer(
+            spec.kind,
+            batched(corpus.documents()),
+            spec.vocab_size,
+            spec.min_frequency,
+            spec.lowercase,
+        )
+        write_cached(tokenizer, path)
+        log.info("saved tokenizer to %s", path)
+    if may_train:  # once per run: the processes that wait for rank 0 read the same tokenizer
+        warn_if_short_vocabulary(spec, tokenizer)
     return tokenizer
+
+
+def warn_if_short_vocabulary(spec: TokenizerSpec, tokenizer: Tokenizer) -> None:
+    """Log a warning when a tokenizer trained for `spec` has fewer tokens than
+    `spec.vocab_size` asked: training stops when no pair of pieces occurs `min_frequency`
+    times, and the model's vocabulary is then sized from the tokens there are."""
+    got = tokenizer.get_vocab_size(with_added_tokens=True)
+    if got < spec.vocab_size:
+        log.warning(
+            "tokenizer.vocab_size=%d asked, but the trained %s tokenizer has %d tokens: the "
+            "corpus has no more distinct pieces seen at least tokenizer.min_frequency=%d times. "
+            "The model's vocabulary is sized from these %d tokens; more text gives more",
+            spec.vocab_size,
+            spec.kind,
+            got,
+            spec.min_frequency,
+            got,
+        )
 
 
 def tokenizer_cache_path(spec: TokenizerSpec, corpus, cache_dir: str | os.PathLike) -> Path:

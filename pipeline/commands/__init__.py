@@ -3,8 +3,8 @@ print the summary), run as `python -m pipeline.commands.<name>`. No module impor
 
     pretrain   pipeline.pretraining             make pretrain
     finetune   pipeline.finetuning.finetune     make finetune
-    evaluate   pipeline.finetuning.evaluate     make evaluate
-    predict    pipeline.finetuning.predict      make predict
+    evaluate   pipeline.evaluation.evaluate     make evaluate
+    predict    pipeline.evaluation.predict      make predict
     generate   pipeline.generation              make generate
     fill_mask  pipeline.mask_filling            make fill-mask
     prepare    datamodules.pretrain             make prepare

@@ -1,4 +1,4 @@
-"""`make evaluate`: the dev metrics of a fine-tuned model (see `pipeline.finetuning.evaluate`).
+"""`make evaluate`: the dev metrics of a fine-tuned model (see `pipeline.evaluation.evaluate`).
 
 python -m pipeline.commands.evaluate ckpt=outputs/finetune/sst2/<run>
 """
@@ -9,7 +9,7 @@ import hydra
 from omegaconf import DictConfig
 
 from pipeline.cli import entry_point, user_errors
-from pipeline.finetuning import evaluate
+from pipeline.evaluation import evaluate
 
 
 @hydra.main(config_path="../../conf", config_name="evaluate", version_base="1.3")

@@ -15,7 +15,14 @@ import hydra
 from hydra import compose
 from omegaconf import DictConfig
 
-from pipeline.cli import command_overrides, entry_point, make_command, user_errors
+from pipeline.cli import (
+    command_overrides,
+    entry_point,
+    make_command,
+    unknown_choice,
+    user_errors,
+)
+from pipeline.config import ConfigError
 from pipeline.glue import run_suite
 from pipeline.run_folder import first_process
 from pipeline.suite_summary import SUMMARY
@@ -23,6 +30,9 @@ from pipeline.suite_summary import SUMMARY
 
 def load_task(name: str) -> DictConfig:
     """conf/task/<name>.yaml, composed as `make finetune task=<name>` composes it."""
+    unknown = unknown_choice("task", name)
+    if unknown:  # named by tasks=[...] or the suite
+        raise ConfigError(f"{unknown}; name the tasks to run with tasks=[sst2,rte]")
     return compose(config_name="glue", overrides=[f"task={name}"]).task
 
 

@@ -1,5 +1,5 @@
 """`make predict`: label unlabelled texts with a fine-tuned model (see
-`pipeline.finetuning.predict`).
+`pipeline.evaluation.predict`).
 
     python -m pipeline.commands.predict ckpt=outputs/finetune/sst2/<run>
     python -m pipeline.commands.predict ckpt=outputs/finetune/imdb_long/<run> predict.file=reviews.jsonl
@@ -11,7 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from pipeline.cli import entry_point, user_errors
-from pipeline.finetuning import predict
+from pipeline.evaluation import predict
 
 
 @hydra.main(config_path="../../conf", config_name="predict", version_base="1.3")

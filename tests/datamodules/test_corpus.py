@@ -1,5 +1,6 @@
 import gzip
 import json
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -155,27 +156,35 @@ def test_hf_dataset_load_failure_is_a_clear_error(monkeypatch):
 # token-store caches). `OTHER` is another file of the same kind, `SAME` the config's file matched by
 # another pattern. A setting added to a YAML file fails the test until it is classified here.
 OTHER, SAME = object(), object()
+# `change_detection` reads the same text; on these small files `auto` hashes the bytes as
+# `content` does, and `stat` identifies them by mtime instead: another key (one rebuild), never
+# a stale reuse.
+CHANGE_DETECTION = [("content", False), ("stat", True)]
 SETTING_CHANGES = {
     "embedded": {"min_chars": [(80, True)]},
     "text_files": {
         "paths": [(OTHER, True), (SAME, False)],
         "doc_split": [("file", True), ("wikitext", True)],
         "errors": [("replace", True), ("skip", True)],
+        "change_detection": CHANGE_DETECTION,
     },
     "wikitext2": {
         "paths": [(OTHER, True), (SAME, False)],
         "doc_split": [("blank_line", True), ("file", True)],
         "errors": [("replace", True), ("skip", True)],
+        "change_detection": CHANGE_DETECTION,
     },
     "jsonl": {
         "paths": [(OTHER, True), (SAME, False)],
         "text_field": [("body", True)],
         "errors": [("replace", True), ("skip", True)],
+        "change_detection": CHANGE_DETECTION,
     },
     "parquet": {
         "paths": [(OTHER, True), (SAME, False)],
         "text_field": [("body", True)],
         "batch_rows": [(7, False)],
+        "change_detection": CHANGE_DETECTION,
     },
     "wikitext103": {
         "name": [("other", True)],
@@ -280,3 +289,93 @@ def test_fingerprint_follows_file_content(tmp_path, suffix):
 def test_jsonl_errors_setting_is_checked():
     with pytest.raises(CorpusError, match=r"data\.errors='ignore' is not one of strict"):
         JsonlCorpus(["x"], errors="ignore")
+
+
+def _write_corpus_file(path, suffix: str, text: str) -> None:
+    if suffix == "parquet":
+        pq.write_table(pa.table({"text": [text]}), path)
+    elif suffix == "jsonl":
+        path.write_text(json.dumps({"text": text}) + "\n")
+    else:
+        path.write_text(text + "\n")
+
+
+@pytest.mark.parametrize("suffix", ["txt", "jsonl", "parquet"])
+def test_a_same_size_edit_with_the_mtime_restored_changes_the_content_fingerprint(tmp_path, suffix):
+    """`cp -p` / `rsync -t` of an edited file: same size, same mtime, other bytes."""
+    corpus_type = {"txt": TextFilesCorpus, "jsonl": JsonlCorpus, "parquet": ParquetCorpus}[suffix]
+    path = tmp_path / f"d.{suffix}"
+
+    def fingerprints() -> dict[str, str]:
+        modes = ("auto", "content", "stat")
+        return {m: corpus_type(str(path), change_detection=m).fingerprint() for m in modes}
+
+    _write_corpus_file(path, suffix, "the cat sat on the mat")
+    before, times = fingerprints(), path.stat()
+    _write_corpus_file(path, suffix, "the cat sat on the hat")
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert path.stat().st_size == times.st_size and path.stat().st_mtime_ns == times.st_mtime_ns
+    after = fingerprints()
+    assert after["stat"] == before["stat"]  # the documented blind spot of `stat`
+    assert after["content"] != before["content"]
+    assert after["auto"] != before["auto"]  # a small corpus is hashed
+    assert before["auto"] == before["content"] != before["stat"]
+
+
+def test_stat_fingerprint_is_the_one_from_before_the_setting_existed(tmp_path):
+    """`change_detection` is not in the key, so caches keyed by stat are not rebuilt."""
+    from datamodules.corpus import _hash
+
+    path = tmp_path / "a.txt"
+    path.write_text("some text\n")
+    st = path.stat()
+    settings = {"doc_split": "blank_line", "errors": "strict"}
+    before = _hash("TextFilesCorpus", settings, [[str(path), st.st_size, st.st_mtime_ns]])
+    assert TextFilesCorpus(str(path), change_detection="stat").fingerprint() == before
+
+
+def test_auto_stats_files_beyond_the_limit_and_hashes_each_file_once_per_corpus(
+    tmp_path, monkeypatch
+):
+    import datamodules.corpus as corpus_module
+
+    (tmp_path / "a.txt").write_text("a" * 100 + "\n")
+    (tmp_path / "b.txt").write_text("b" * 100 + "\n")
+    pattern = str(tmp_path / "*.txt")
+    reads = []
+    digest = corpus_module._file_digest
+    monkeypatch.setattr(corpus_module, "_file_digest", lambda p: reads.append(p) or digest(p))
+    corpus = TextFilesCorpus(pattern)
+    assert corpus.fingerprint() == corpus.fingerprint() == corpus.fingerprint()
+    assert len(reads) == 2  # the fingerprints a run takes read each file once
+    assert (
+        corpus.fingerprint() == TextFilesCorpus(pattern, change_detection="content").fingerprint()
+    )
+    monkeypatch.setattr(corpus_module, "AUTO_CONTENT_LIMIT", 201)  # the two files total 202
+    stat = TextFilesCorpus(pattern, change_detection="stat").fingerprint()
+    assert TextFilesCorpus(pattern).fingerprint() == stat
+
+
+def test_change_detection_setting_is_checked(tmp_path):
+    (tmp_path / "a.txt").write_text("x\n")
+    with pytest.raises(CorpusError, match=r"data\.change_detection='hash' is not one of auto"):
+        TextFilesCorpus(str(tmp_path / "a.txt"), change_detection="hash")
+
+
+def test_damaged_gzip_and_parquet_files_are_corpus_errors(tmp_path):
+    plain = tmp_path / "plain.txt.gz"
+    plain.write_text("plain text, not gzip\n")
+    with pytest.raises(CorpusError, match=r"plain\.txt\.gz: not a readable gzip file"):
+        list(TextFilesCorpus(str(plain)).documents())
+    truncated = tmp_path / "cut.txt.gz"
+    truncated.write_bytes(gzip.compress(os.urandom(5000).hex().encode())[:1000])
+    with pytest.raises(CorpusError, match=r"cut\.txt\.gz: not a readable gzip file"):
+        list(TextFilesCorpus(str(truncated)).documents())
+    fake = tmp_path / "fake.parquet"
+    fake.write_text("not parquet\n")
+    with pytest.raises(CorpusError, match=r"fake\.parquet: not a readable Parquet file"):
+        list(ParquetCorpus(str(fake)).documents())
+    numbers = tmp_path / "numbers.parquet"
+    pq.write_table(pa.table({"text": [1, 2]}), numbers)
+    with pytest.raises(CorpusError, match=r"column 'text' holds int64, not text"):
+        list(ParquetCorpus(str(numbers)).documents())

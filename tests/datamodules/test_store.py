@@ -297,6 +297,8 @@ CACHE_CASES = [
     ("bert", ["data.text_field=body"], True, True),
     ("bert", ["data.paths={other}"], True, True),
     ("bert", ["data.paths={same}"], False, False),
+    # these small files are hashed under the default `auto` too: the same caches
+    ("bert", ["data.change_detection=content"], False, False),
     ("bert", ["tokenizer.vocab_size=500"], True, True),
     ("bert", ["tokenizer.min_frequency=30"], True, True),
     ("bert", ["tokenizer.lowercase=false"], True, True),

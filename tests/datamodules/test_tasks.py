@@ -4,6 +4,8 @@ row counts and labels, custom CSV/JSONL tasks, label maps, and errors that name 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -198,6 +200,62 @@ def test_missing_file_names_path_and_setting(tmp_path):
     spec = task_spec("rte", f"task.data_dir={tmp_path}/nowhere")
     with pytest.raises(TaskDataError, match=r"nowhere/train.tsv does not exist.*task.data_dir"):
         read_examples(spec, "train")
+
+
+def test_a_bare_file_name_is_in_data_dir_and_a_path_is_from_the_working_directory(
+    tmp_path, monkeypatch
+):
+    """`task.files` as the task configs name them (`train.tsv`) are under `task.data_dir`; a
+    path with a folder in it is read from the working directory as typed, never joined onto
+    data_dir (`mine/dev.tsv` is not `glue/RTE/mine/dev.tsv`)."""
+    monkeypatch.chdir(tmp_path)
+    rows = "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n"
+    for path in ("glue/RTE/train.tsv", "mine/dev.tsv", "abs/test.tsv", "dev.tsv"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(rows)
+    spec = task_spec(
+        "rte",
+        "task.data_dir=glue/RTE",
+        "task.files.dev=mine/dev.tsv",
+        f"+task.files.test={tmp_path}/abs/test.tsv",
+        "+task.files.here=./dev.tsv",
+    )
+    assert spec.path("train") == Path("glue/RTE/train.tsv")
+    assert spec.path("dev") == Path("mine/dev.tsv")
+    assert spec.path("test") == tmp_path / "abs/test.tsv"
+    assert spec.path("here") == Path("dev.tsv")
+    for split in ("train", "dev", "test", "here"):
+        assert [e.texts for e in read_examples(spec, split)] == [("a", "b")]
+
+
+def test_missing_file_hints_paste_as_paths_that_read_the_file(tmp_path, monkeypatch):
+    """The error for a missing test file points at a copy in the working directory with an
+    override that reads it; a path typed from the working directory that is missing is named
+    as such, with the file that the old reading (under data_dir) would have found."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "test.tsv").write_text("index\tsentence\n0\ta fine film\n")
+    spec = task_spec("sst2", "task.data_dir=glue/SST-2")
+    prediction = spec.prediction_spec()
+    with pytest.raises(TaskDataError) as missing:
+        read_examples(prediction, "test", labelled=False)
+    message = str(missing.value)
+    assert "glue/SST-2/test.tsv does not exist" in message and "task.data_dir=DIR" in message
+    hint = re.search(r"\./test\.tsv exists: (\S+)$", message)
+    assert hint is not None, message
+    pasted = task_spec("sst2", "task.data_dir=glue/SST-2", hint[1]).prediction_spec()
+    assert [e.texts for e in read_examples(pasted, "test", labelled=False)] == [("a fine film",)]
+
+    (tmp_path / "glue/SST-2/sub").mkdir(parents=True)
+    (tmp_path / "glue/SST-2/sub/test.tsv").write_text("index\tsentence\n0\tdull\n")
+    spec = task_spec("sst2", "task.data_dir=glue/SST-2", "task.predict.files.test=sub/test.tsv")
+    with pytest.raises(TaskDataError) as missing:
+        read_examples(spec.prediction_spec(), "test", labelled=False)
+    message = str(missing.value)
+    assert "task.predict.files.test=sub/test.tsv is a path from the working directory" in message
+    hint = re.search(r"glue/SST-2/sub/test\.tsv exists: (\S+)$", message)
+    assert hint is not None, message
+    pasted = task_spec("sst2", "task.data_dir=glue/SST-2", hint[1]).prediction_spec()
+    assert [e.texts for e in read_examples(pasted, "test", labelled=False)] == [("dull",)]
 
 
 def test_missing_column_names_header(tmp_path):

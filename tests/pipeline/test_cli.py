@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -11,7 +13,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from pipeline.cli import make_command, overrides_from_make, parse_makeflags
+from pipeline.cli import make_command, override_error, overrides_from_make, parse_makeflags
+from pipeline.config import ConfigError
 from tests.conftest import REPO
 
 TRICKY_ARGS = [
@@ -203,9 +206,131 @@ def test_unknown_model_fails_with_the_choices(tmp_path):
     result = run_python(
         "pipeline.commands.pretrain", "model=berty", f"paths.output_root={tmp_path}"
     )
-    assert result.returncode != 0
-    assert "Could not find 'model/berty'" in result.stderr and "gpt-124m" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: model=berty: there is no model config 'berty' (conf/model/berty.yaml); the "
+        "choices are bert, bert-base, bert-large, bert-tiny, gpt, gpt-124m, gpt-1b, gpt-tiny; "
+        "did you mean model=bert?"
+    ]
+    assert not any(tmp_path.iterdir())
+
+
+# A typo that Hydra accepts when added with `+`, as its own message suggests, given to each
+# command whose optimizer is built from conf/optim/ (finetune and glue fail before reading ckpt).
+TYPO_COMMANDS = {
+    "pretrain": ["model=bert-tiny"],
+    "finetune": ["ckpt=never-read"],
+    "glue": ["ckpt=never-read"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(TYPO_COMMANDS))
+def test_an_unknown_key_is_one_line_and_leaves_no_run_folder(tmp_path, command):
+    result = run_python(
+        f"pipeline.commands.{command}",
+        *TYPO_COMMANDS[command],
+        "+optim.lrr=1",
+        "logger=csv",
+        "run_name=typo",
+        f"paths.cache_dir={tmp_path}/cache",
+        f"paths.output_root={tmp_path}/out",
+        env={"WANDB_MODE": "disabled"},
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: optim.lrr is not a setting of torch.optim.AdamW; did you mean: optim.lr=1 "
+        "(optim takes lr, betas, eps, weight_decay, amsgrad, maximize, foreach, capturable, "
+        "differentiable, fused)"
+    ]
     assert "Traceback" not in result.stderr
+    assert not list(tmp_path.rglob("typo")), "the run folder was left behind"
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert not (tmp_path / "out").exists(), "the folders made for the run were left behind"
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "data.paths=corpus (2)/*.txt",
+            "Hydra cannot read the override 'data.paths=corpus (2)/*.txt' (mismatched input '/' "
+            "expecting <EOF>); quote the value: 'data.paths=\"corpus (2)/*.txt\"' (the same "
+            "after make pretrain or python -m pipeline.commands.pretrain)",
+        ),
+        (
+            "data.paths=[a (1).txt,b.txt]",
+            'quote the value: \'data.paths=["a (1).txt","b.txt"]\'',
+        ),
+        (
+            "data.paths=l'été/a.txt",
+            '(it cannot read "\'" at character 13); quote the value: '
+            "\"data.paths='l\\'été/a.txt'\"",
+        ),
+        ("data.paths=[a.txt", "check that its quotes and brackets are balanced"),
+        ("data.paths='a b.txt", "check that its quotes and brackets are balanced"),
+        ("data.paths", "an override is key=value"),
+        ("logger=[csv,wanb]", "there is no logger config 'wanb' (conf/logger/wanb.yaml); the "),
+        ("+experiment=bert-mini-budgt", "did you mean +experiment=bert-mini-budget?"),
+    ],
+)
+def test_overrides_hydra_would_refuse_are_one_line_with_the_fix(override, expected):
+    error = override_error(["--multirun", override], "pipeline.commands.pretrain")
+    assert error is not None and expected in error and "\n" not in error
+    assert override_error(["model=gpt", "data.paths=my corpus/*.txt", "seed=1,2"]) is None
+
+
+def test_an_unbalanced_quote_in_args_is_one_line_from_make(tmp_path):
+    result = make_repo(
+        "-s", "tokenizer", "ALLOCATOR=system", "ARGS=+x='a b", f"paths.output_root={tmp_path}"
+    )
+    assert result.returncode != 0
+    assert result.stderr.splitlines()[0] == (
+        'error: ARGS="+x=\'a b": No closing quotation; ARGS is split into overrides as a '
+        "shell splits words, so quotes in it come in pairs, e.g. ARGS=\"~logger.csv +x='a b'\""
+    )
+    with pytest.raises(ConfigError, match="No closing quotation"):
+        overrides_from_make(" -- ARGS=+x='a\\ b")
+
+
+def test_a_quoted_path_from_the_error_works_after_make_and_python(tmp_path, small_docs):
+    """A data path with characters Hydra reads as syntax: the one-line error's quoted form,
+    pasted into a shell after `make tokenizer` and after `python -m ...`, reads the file."""
+    corpus = tmp_path / "my corpus (2)" / "a.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("\n\n".join(small_docs))
+    settings = [
+        "tokenizer.vocab_size=1000",
+        f"paths.cache_dir={tmp_path}/cache",
+        f"paths.output_root={tmp_path}/out",
+        "data=text_files",
+    ]
+    refused = run_python("pipeline.commands.tokenizer", *settings, f"data.paths={corpus}")
+    assert refused.returncode == 2
+    [error] = refused.stderr.splitlines()
+    hint = re.search(
+        r"quote the value: (.+) \(the same after make tokenizer or python -m "
+        r"pipeline\.commands\.tokenizer\)$",
+        error,
+    )
+    assert error.startswith("error: Hydra cannot read the override") and hint, error
+    words = " ".join(shlex.quote(s) for s in settings)
+    inherited = ("ALLOCATOR", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    env = {k: v for k, v in os.environ.items() if k not in inherited}
+    for command in (
+        f"{sys.executable} -m pipeline.commands.tokenizer {words} {hint[1]}",
+        f"make -s tokenizer ALLOCATOR=system {words} {hint[1]}",
+    ):
+        pasted = subprocess.run(
+            ["sh", "-c", command],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert pasted.returncode == 0, (command, pasted.stderr[-3000:])
+        assert "corpus      1 text file(s)" in pasted.stdout
 
 
 # The run folder a process of `make pretrain` would write to, as Hydra resolves it there.

@@ -8,6 +8,9 @@ import csv
 import dataclasses
 import json
 import logging
+import os
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -19,17 +22,16 @@ from omegaconf import OmegaConf
 from datamodules.tasks import TaskSpec, load_labels
 from pipeline import run_folder
 from pipeline.config import ConfigError
+from pipeline.evaluation import evaluate, predict
 from pipeline.finetuning import (
     default_epochs,
     default_lr,
-    evaluate,
     finetune,
-    predict,
     split_metrics,
 )
 from pipeline.load import CheckpointLoadError
 from pipeline.task_module import load_backbone, load_finetuned
-from tests.conftest import CONF, SHARED_DATA
+from tests.conftest import CONF, REPO, SHARED_DATA
 from tests.pipeline.test_generate import run_cli
 from tests.pipeline.tiny_models import write_run
 from tokenizer import tokenizer_kind
@@ -549,6 +551,44 @@ def test_predict_errors_print_hints_that_work_when_pasted(sst2_run, tmp_path):
         assert len((out / "SST-2.tsv").read_text().splitlines()) == 1 + 3
 
 
+def test_predict_reads_a_test_file_path_typed_from_the_working_directory(sst2_run, tmp_path):
+    """`task.predict.files.test=PATH` with a folder in it is read from where the command runs,
+    not from the task's data_dir (a path relative to the working directory used to come out
+    as `<data_dir>/<path>`); the error's hint for a file there, pasted, reads it."""
+    here = tmp_path / "here"
+    here.mkdir()
+    rows = (GLUE / "SST-2" / "dev.tsv").read_text().splitlines()[1:4]
+    (here / "test.tsv").write_text(
+        "index\tsentence\n" + "".join(f"{i}\t{r.split(chr(9))[0]}\n" for i, r in enumerate(rows))
+    )
+    relative = os.path.relpath(here / "test.tsv", REPO)  # typed from the repository
+    out = tmp_path / "out"
+    typed = run_cli(
+        "pipeline.commands.predict",
+        f"ckpt={sst2_run}",
+        f"task.predict.files.test={relative}",
+        f"predict.out_dir={out}",
+        tmp_path=tmp_path,
+    )
+    assert typed.returncode == 0, typed.stderr[-3000:]
+    assert len((out / "SST-2.tsv").read_text().splitlines()) == 1 + 3
+    missing = run_cli("pipeline.commands.predict", f"ckpt={sst2_run}", tmp_path=tmp_path, cwd=here)
+    assert missing.returncode == 2, missing.stderr[-3000:]
+    [error] = [line for line in missing.stderr.splitlines() if line.startswith("error:")]
+    hint = re.search(r"\./test\.tsv exists: (\S+)$", error)
+    assert hint is not None, error
+    pasted = run_cli(
+        "pipeline.commands.predict",
+        f"ckpt={sst2_run}",
+        *shlex.split(hint[1]),
+        "predict.out_dir=pasted",
+        tmp_path=tmp_path,
+        cwd=here,
+    )
+    assert pasted.returncode == 0, pasted.stderr[-3000:]
+    assert len((here / "pasted" / "SST-2.tsv").read_text().splitlines()) == 1 + 3
+
+
 def test_predict_on_a_task_without_test_files_asks_for_predict_file(bert_ckpt, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -597,7 +637,7 @@ def test_evaluate_says_which_examples_it_scored(sst2_run, tmp_path):
 
 
 def test_evaluations_with_other_settings_get_other_file_names():
-    from pipeline.finetuning import evaluation_file_name, evaluation_settings
+    from pipeline.evaluation import evaluation_file_name, evaluation_settings
 
     task = TaskSpec(
         name="sst2",

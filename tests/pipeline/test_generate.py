@@ -143,10 +143,10 @@ def test_already_quoted_text_is_left_to_hydra():
 # The command line
 
 
-def run_cli(module: str, *args: str, tmp_path, env: dict | None = None):
+def run_cli(module: str, *args: str, tmp_path, env: dict | None = None, cwd=REPO):
     return subprocess.run(
         [sys.executable, "-m", module, *args],
-        cwd=REPO,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,

@@ -59,9 +59,34 @@ def test_tasks_come_from_the_suite_or_the_command_line():
         ("sst2", {"datamodule.train_examples": 2000}),  # the suite's settings for a task it has
         ("wnli", {}),
     ]
+    cfg.tasks = "wnli"  # tasks=wnli: one task, not the letters of its name
+    assert [t.name for t in suite_tasks(cfg)] == ["wnli"]
     cfg.tasks = []
     with pytest.raises(ConfigError, match="no task to run"):
         suite_tasks(cfg)
+
+
+def test_an_unknown_task_is_one_line_with_the_choices_and_leaves_no_folder(tmp_path):
+    """`make glue tasks=[nonexistent]`: refused before the checkpoint is read, naming the task
+    and every task config; the suite folder Hydra made (its .hydra/ and empty log) is gone."""
+    result = run_cli(
+        "pipeline.commands.glue",
+        "ckpt=never-read",
+        "tasks=[sst2,nonexistent]",
+        "run_name=suite",
+        f"paths.output_root={tmp_path / 'out'}",
+        tmp_path=tmp_path,
+        env={"WANDB_MODE": "disabled"},
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    choices = ", ".join(sorted(p.stem for p in (CONF / "task").glob("*.yaml")))
+    assert result.stderr.splitlines()[0] == (
+        "error: there is no task config 'nonexistent' (conf/task/nonexistent.yaml); the "
+        f"choices are {choices}; name the tasks to run with tasks=[sst2,rte]"
+    )
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out" / "glue" / "suite").exists()
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
 
 
 @pytest.mark.parametrize("suite_name", sorted(p.stem for p in (CONF / "suite").glob("*.yaml")))

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError
-from pipeline.finetuning import evaluate, finetune, predict
+from pipeline.evaluation import evaluate, predict
+from pipeline.finetuning import finetune
 from pipeline.task_module import load_finetuned
 from tests.pipeline.task_data import pair_task, write_pairs
 from tests.pipeline.test_finetune import compose_config

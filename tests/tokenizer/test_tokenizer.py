@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import os
 import random
 
 import pytest
@@ -237,3 +238,55 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path, small_docs):
     assert corpus.reads == 2
     assert json.loads(path.read_text())["model"]["type"] == "BPE"
     assert Tokenizer.from_file(str(path)).get_vocab() == rebuilt.get_vocab()
+
+
+SHORT_VOCABULARY = "tokenizer.vocab_size=16000 asked, but the trained {kind} tokenizer has {got} "
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_a_vocabulary_short_of_the_asked_size_is_warned_when_trained_and_when_reused(
+    tmp_path, small_docs, caplog, kind
+):
+    corpus = ListCorpus(small_docs[:3])  # far fewer distinct pieces than 16000
+    spec = TokenizerSpec(kind=kind, vocab_size=16000)
+    with caplog.at_level("WARNING", logger="tokenizer.spec"):
+        trained = get_tokenizer(spec, corpus, tmp_path)
+        got = trained.get_vocab_size(with_added_tokens=True)
+        assert got < 16000
+        expected = SHORT_VOCABULARY.format(kind=kind, got=got)
+        assert [r.getMessage().startswith(expected) for r in caplog.records] == [True]
+        assert f"sized from these {got} tokens" in caplog.records[0].getMessage()
+        caplog.clear()
+        get_tokenizer(spec, corpus, tmp_path)  # from the cache: this run asked for 16000 too
+        assert corpus.reads == 1
+        assert [r.getMessage().startswith(expected) for r in caplog.records] == [True]
+        caplog.clear()
+        # a process that waits for rank 0's tokenizer leaves the warning to rank 0
+        get_tokenizer(spec, corpus, tmp_path, may_train=False)
+        # a vocabulary of the asked size is not warned about
+        get_tokenizer(TokenizerSpec(kind=kind, vocab_size=got), corpus, tmp_path / "other")
+    assert caplog.records == []
+
+
+def test_a_same_size_edit_with_the_mtime_restored_retrains_the_tokenizer(tmp_path):
+    """The tokenizer cache is keyed by the corpus fingerprint, which hashes small files
+    (`data.change_detection=auto`); identified by stat, the edit goes unnoticed."""
+    from datamodules.corpus import TextFilesCorpus
+
+    path = tmp_path / "corpus.txt"
+    spec = TokenizerSpec(kind="bpe", vocab_size=300)
+
+    def cache_paths() -> list:
+        return [
+            tokenizer_cache_path(spec, TextFilesCorpus(str(path), change_detection=mode), tmp_path)
+            for mode in ("auto", "stat")
+        ]
+
+    path.write_text("the cat sat on the mat\n")
+    auto, stat = cache_paths()
+    times = path.stat()
+    path.write_text("the dog sat on the mat\n")
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+    edited_auto, edited_stat = cache_paths()
+    assert edited_auto != auto  # a new tokenizer for the new text
+    assert edited_stat == stat  # what `stat` cannot see (the README says so)
