@@ -136,7 +136,7 @@ def remove_unused_run_folder() -> Path | None:
     release_run_folder(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     for parent in run_dir.parents:  # the folders made for it, while nothing else is there
-        if top is None or top not in (parent, *parent.parents):
+        if top is None or not parent.is_relative_to(top):
             break
         try:
             parent.rmdir()
