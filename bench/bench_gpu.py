@@ -17,7 +17,7 @@ Targets of issue 8 on one H200: GPT-124M-class MFU >= 45%, BERT-base >= 3,000 se
   PaLM's count; BERT's MLM head counted on the 15% masked tokens) for both implementations, so
   the two MFUs compare useful work (transformers' BERT also scores MLM on every token). The
   target is checked against the measured peak, as issue 8 asks; MFU against the datasheet bf16
-  peak (`pipeline.callbacks.BF16_PEAK_FLOPS`, what `make pretrain` logs; 989 TFLOP/s for an
+  peak (`pipeline.training.callbacks.BF16_PEAK_FLOPS`, what `make pretrain` logs; 989 TFLOP/s for an
   H100/H200, which a plain matmul reaches only ~70-80% of) is reported beside it.
 - BERT's masks are redrawn every step (four precomputed draws in turn, as
   `bench_models`), so a compiled model meets the changing number of masked tokens that real
@@ -61,7 +61,7 @@ from bench.bench_models import (
 )
 from bench.common import BenchError, command_line, figure, finish, machine, markdown_table, number
 from models import param_count
-from pipeline.callbacks import device_peak_flops
+from pipeline.training.callbacks import device_peak_flops
 
 # Issue 8's targets, on a GPU at the base sizes.
 GPT_MFU_TARGET = 0.45

@@ -63,7 +63,7 @@ from models import (
     pretraining_loss,
 )
 from models.hf import bert_hf_config, llama_hf_config
-from pipeline.precision import native_bf16_flags
+from pipeline.training.precision import native_bf16_flags
 
 MASK_DRAWS = 4  # BERT masks cycled through, one per step
 MLM_FRACTION = 0.15  # share of tokens BERT's MLM head runs on (the recipe's masking rate)

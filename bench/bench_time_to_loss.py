@@ -341,7 +341,7 @@ def step_timing(rows: list[dict], val_batches: int, warmup: int = 1) -> dict[str
 def validation_points(rows: list[dict]) -> list[dict]:
     """(steps done, seconds since training began, val loss) of each validation ours logged.
 
-    Rows are logged at the steps done (`pipeline.loggers.numbered_from_one`).
+    Rows are logged at the steps done (`pipeline.training.loggers.numbered_from_one`).
     """
     return [
         {

@@ -62,7 +62,7 @@ def machine() -> dict:
         transformers_version = transformers.__version__
     except ImportError:  # only the reference side needs it
         transformers_version = None
-    from pipeline.precision import cpu_flags
+    from pipeline.training.precision import cpu_flags
 
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")

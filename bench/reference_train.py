@@ -8,7 +8,7 @@ gets for the same Hydra overrides.
 From the composed run config it takes the architecture (mapped with `models.hf`), the tokenizer
 and token store (from the cache, as `make pretrain` would), the batches and validation batches
 (`datamodules.pretrain.PretrainDataModule` with the same seed), AdamW with the same weight-decay
-groups (`pipeline.optim`), the same warmup and decay schedule, gradient clipping, the seed, and
+groups (`pipeline.training.optim`), the same warmup and decay schedule, gradient clipping, the seed, and
 `trainer.limit_val_batches`. The model itself, its initialization and its attention are
 transformers' own. Losses are defined as ours: BERT = mean MLM cross-entropy over the masked
 tokens + mean NSP cross-entropy; GPT = mean next-token cross-entropy over the window.
@@ -62,9 +62,10 @@ def compose_run(overrides: list[str]) -> Run:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from pipeline.cli import register_resolvers
-    from pipeline.config import ConfigError, check_config
-    from pipeline.pretraining import build_datamodule, sized_model_config
+    from pipeline.pretrain.checks import check_config
+    from pipeline.pretrain.run import build_datamodule, sized_model_config
+    from pipeline.run.errors import ConfigError
+    from pipeline.run.launcher import register_resolvers
     from tokenizer import get_tokenizer
 
     register_resolvers()
@@ -106,7 +107,7 @@ def build_model(family: str, model_config, device: torch.device) -> torch.nn.Mod
 def losses(
     family: str, model: torch.nn.Module, batch: Batch
 ) -> dict[str, tuple[torch.Tensor, int]]:
-    """Named (mean, count) loss terms of a batch, defined as in `pipeline.modules`."""
+    """Named (mean, count) loss terms of a batch, defined as in `pipeline.pretrain.modules`."""
     if family == "gpt":
         if "doc_ids" in batch:
             raise BenchError("the reference has no document masking; drop that override")
@@ -183,7 +184,7 @@ def make_optimizer(run: Run, model: torch.nn.Module, total_steps: int):
     """AdamW with our weight-decay groups and the run's schedule, as `PretrainModule` builds."""
     from hydra.utils import instantiate
 
-    from pipeline.optim import build_optimizer
+    from pipeline.training.optim import build_optimizer
 
     optimizer = build_optimizer(model, instantiate(run.cfg.optim))
     return optimizer, instantiate(run.cfg.schedule)(optimizer, total_steps=total_steps)
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
             args.val_every,
         )
     val_every = args.val_every or args.max_steps
-    L.seed_everything(run.cfg.seed, workers=True)  # as pipeline.pretraining, before the model
+    L.seed_everything(run.cfg.seed, workers=True)  # as pipeline.pretrain.run, before the model
     model = build_model(run.family, run.model_config, device)
     result = train(run, model, args.max_steps, val_every, args.budget_s, device, autocast)
     report = {

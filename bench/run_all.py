@@ -40,7 +40,7 @@ import torch
 
 from bench import bench_data, bench_gpu, bench_memory, bench_models, bench_time_to_loss
 from bench.common import command_line, figures_table, machine, write_json
-from pipeline.precision import NATIVE_BF16_FLAGS
+from pipeline.training.precision import NATIVE_BF16_FLAGS
 
 BENCHMARKS = ("models", "data", "loss", "gpu")  # the order of the report
 # The order of running: those that need the shared data first, so that its absence stops the run

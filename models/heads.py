@@ -102,7 +102,7 @@ def mean_token_states(
     token_type_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, D) the mean of the last-layer states of each row's real tokens: sequence features
-    that need no trained pooler (a probe's, `pipeline/probe.py`)."""
+    that need no trained pooler (a probe's, `pipeline/pretrain/probe.py`)."""
     h_BTD = token_states(backbone, input_ids, attention_mask, token_type_ids)
     mask_BT1 = attention_mask.to(h_BTD.dtype).unsqueeze(-1)
     return (h_BTD * mask_BT1).sum(1) / mask_BT1.sum(1).clamp_min(1.0)

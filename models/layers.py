@@ -133,7 +133,7 @@ def apply_rotary(x_BTnE: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 def fused_linear(d_in: int, rows: tuple[int, ...], bias: bool = True) -> nn.Linear:
     """One `nn.Linear` computing several projections of the same input in one matmul: its
     weight stacks their (rows_i, d_in) matrices. `fused_rows` records the split, for code that
-    must treat the matrices apart (Muon orthogonalizes each one, `pipeline/muon.py`)."""
+    must treat the matrices apart (Muon orthogonalizes each one, `pipeline/training/muon.py`)."""
     linear = nn.Linear(d_in, sum(rows), bias=bias)
     linear.fused_rows = tuple(rows)
     return linear

@@ -12,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.cli import register_resolvers
+from pipeline.run.launcher import register_resolvers
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"

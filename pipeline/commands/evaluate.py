@@ -1,4 +1,4 @@
-"""`make evaluate`: the dev metrics of a fine-tuned model (see `pipeline.evaluation.evaluate`).
+"""`make evaluate`: the dev metrics of a fine-tuned model (see `pipeline.finetune.evaluation.evaluate`).
 
 python -m pipeline.commands.evaluate ckpt=outputs/finetune/sst2/<run>
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.cli import entry_point, user_errors
-from pipeline.evaluation import evaluate
+from pipeline.finetune.evaluation import evaluate
+from pipeline.run.cli import entry_point, user_errors
 
 
 @hydra.main(config_path="../../conf", config_name="evaluate", version_base="1.3")

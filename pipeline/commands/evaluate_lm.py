@@ -1,5 +1,5 @@
 """`make evaluate-lm`: score a text file with a causal model, in bits per byte
-(pipeline/lm_scoring.py).
+(pipeline/infer/lm_scoring.py).
 
 python -m pipeline.commands.evaluate_lm ckpt=outputs/gpt/<stamp> file=wiki.test.raw
 """
@@ -14,11 +14,11 @@ import hydra
 from omegaconf import DictConfig
 
 from datamodules.objective import CausalLMObjective
-from pipeline.cli import entry_point, user_errors
-from pipeline.config import ConfigError
-from pipeline.families import family_named
-from pipeline.lm_scoring import read_text, score_text
-from pipeline.load import load_pretrained, require_keys, resolve_device
+from pipeline.checkpoint.load import load_pretrained, require_keys, resolve_device
+from pipeline.infer.lm_scoring import read_text, score_text
+from pipeline.run.cli import entry_point, user_errors
+from pipeline.run.errors import ConfigError
+from pipeline.run.families import family_named
 from tokenizer.cache import write_text_atomic
 
 

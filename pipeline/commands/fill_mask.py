@@ -1,5 +1,5 @@
 """`make fill-mask`: a trained BERT's most likely tokens for each [MASK] in a text
-(pipeline/mask_filling.py).
+(pipeline/infer/mask_filling.py).
 
     python -m pipeline.commands.fill_mask ckpt=outputs/bert/<stamp> text="Paris is [MASK]."
 """
@@ -11,9 +11,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.cli import entry_point, user_errors
-from pipeline.load import expect_family, load_pretrained, require_keys, resolve_device
-from pipeline.mask_filling import best_filling, fill_mask, format_guesses
+from pipeline.checkpoint.load import expect_family, load_pretrained, require_keys, resolve_device
+from pipeline.infer.mask_filling import best_filling, fill_mask, format_guesses
+from pipeline.run.cli import entry_point, user_errors
 
 
 @hydra.main(config_path="../../conf", config_name="fill_mask", version_base="1.3")

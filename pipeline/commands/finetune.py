@@ -1,4 +1,4 @@
-"""`make finetune`: fine-tune a pretrained model on a task (pipeline/finetuning.py).
+"""`make finetune`: fine-tune a pretrained model on a task (pipeline/finetune/run.py).
 
     python -m pipeline.commands.finetune task=sst2 ckpt=outputs/bert/<run>
     python -m pipeline.commands.finetune task=rte ckpt=... -m optim.lr=2e-5,3e-5 seed=1,2,3
@@ -13,8 +13,8 @@ import math
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.cli import entry_point, user_errors
-from pipeline.finetuning import finetune
+from pipeline.finetune.run import finetune
+from pipeline.run.cli import entry_point, user_errors
 
 
 @hydra.main(config_path="../../conf", config_name="finetune", version_base="1.3")

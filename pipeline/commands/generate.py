@@ -1,4 +1,4 @@
-"""`make generate`: continue a prompt with a trained GPT (pipeline/generation.py).
+"""`make generate`: continue a prompt with a trained GPT (pipeline/infer/generation.py).
 
 python -m pipeline.commands.generate ckpt=outputs/gpt/<stamp> prompt="The meaning of life"
 """
@@ -10,9 +10,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.cli import entry_point, user_errors
-from pipeline.generation import Sampling, generate, print_samples
-from pipeline.load import expect_family, load_pretrained, require_keys, resolve_device
+from pipeline.checkpoint.load import expect_family, load_pretrained, require_keys, resolve_device
+from pipeline.infer.generation import Sampling, generate, print_samples
+from pipeline.run.cli import entry_point, user_errors
 
 
 @hydra.main(config_path="../../conf", config_name="generate", version_base="1.3")

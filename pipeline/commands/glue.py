@@ -1,5 +1,5 @@
 """`make glue`: a pretrained model against its from-scratch twin and non-neural baselines on a
-suite of fine-tuning tasks (pipeline/glue.py).
+suite of fine-tuning tasks (pipeline/suites/glue.py).
 
     python -m pipeline.commands.glue ckpt=outputs/bert/<run>
     python -m pipeline.commands.glue ckpt=... suite=full seeds=5 run_name=full-5
@@ -15,17 +15,12 @@ import hydra
 from hydra import compose
 from omegaconf import DictConfig
 
-from pipeline.cli import (
-    command_overrides,
-    entry_point,
-    make_command,
-    unknown_choice,
-    user_errors,
-)
-from pipeline.config import ConfigError
-from pipeline.glue import run_suite
-from pipeline.run_folder import first_process
-from pipeline.suite_summary import SUMMARY
+from pipeline.run.cli import entry_point, make_command, unknown_choice, user_errors
+from pipeline.run.errors import ConfigError
+from pipeline.run.folder import first_process
+from pipeline.run.launcher import command_overrides
+from pipeline.suites.glue import run_suite
+from pipeline.suites.summary import SUMMARY
 
 
 def load_task(name: str) -> DictConfig:

@@ -1,5 +1,5 @@
 """`make predict`: label unlabelled texts with a fine-tuned model (see
-`pipeline.evaluation.predict`).
+`pipeline.finetune.evaluation.predict`).
 
     python -m pipeline.commands.predict ckpt=outputs/finetune/sst2/<run>
     python -m pipeline.commands.predict ckpt=outputs/finetune/imdb_long/<run> predict.file=reviews.jsonl
@@ -10,8 +10,8 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.cli import entry_point, user_errors
-from pipeline.evaluation import predict
+from pipeline.finetune.evaluation import predict
+from pipeline.run.cli import entry_point, user_errors
 
 
 @hydra.main(config_path="../../conf", config_name="predict", version_base="1.3")

@@ -10,8 +10,8 @@ import hydra
 from omegaconf import DictConfig
 
 from datamodules.pretrain import prepare_stores
-from pipeline.cli import entry_point, user_errors
-from pipeline.config import check_config
+from pipeline.pretrain.checks import check_config
+from pipeline.run.cli import entry_point, user_errors
 from tokenizer import get_tokenizer
 
 

@@ -1,4 +1,4 @@
-"""`make pretrain`: pretrain a BERT or GPT on a corpus (pipeline/pretraining.py).
+"""`make pretrain`: pretrain a BERT or GPT on a corpus (pipeline/pretrain/run.py).
 
 python -m pipeline.commands.pretrain model=gpt trainer.max_steps=50
 """
@@ -11,10 +11,11 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.cli import command_overrides, entry_point, make_command, user_errors
-from pipeline.config import check_config
-from pipeline.interrupt import TrainingInterrupted
-from pipeline.pretraining import train
+from pipeline.checkpoint.interrupt import TrainingInterrupted
+from pipeline.pretrain.checks import check_config
+from pipeline.pretrain.run import train
+from pipeline.run.cli import entry_point, make_command, user_errors
+from pipeline.run.launcher import command_overrides
 
 log = logging.getLogger(__name__)
 

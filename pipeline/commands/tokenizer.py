@@ -13,8 +13,8 @@ import hydra
 from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
-from pipeline.cli import entry_point, user_errors
-from pipeline.config import check_config
+from pipeline.pretrain.checks import check_config
+from pipeline.run.cli import entry_point, user_errors
 from tokenizer import batched, get_tokenizer, tokenizer_cache_path
 
 SAMPLE_PAIR = ("The quick brown fox jumps over the lazy dog.", "It was not amused.")

@@ -9,7 +9,7 @@ The HTML embeds the PNGs as data URIs, so that the one file can be moved or mail
 beside it are the same images.
 
 A pretraining run folder (`logs/metrics.csv`; the config from `logs/hparams.yaml`, written by
-pipeline/loggers.py, else `.hydra/config.yaml`) gets the curves in `PRETRAIN_PLOTS` plus
+pipeline/training/loggers.py, else `.hydra/config.yaml`) gets the curves in `PRETRAIN_PLOTS` plus
 throughput and MFU, a config summary and its final metrics. A fine-tuning run folder
 (`results.json`), or a multirun folder whose subfolders hold one each, gets a table of the main
 metric per task and seed, a plot of it per task, and the dev metric over steps per seed.

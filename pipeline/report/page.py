@@ -37,7 +37,7 @@ from pipeline.report.tables import (
     finetune_tables,
     suite_table,
 )
-from pipeline.suite_summary import SuiteSummary
+from pipeline.suites.summary import SuiteSummary
 
 
 @dataclass

@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from pipeline.report.runs import MFU, TOKENS_PER_S, FinetuneRun, PretrainRun, lr_differs
-from pipeline.seeds import summarize_seeds
-from pipeline.suite_summary import SuiteSummary
+from pipeline.suites.seeds import summarize_seeds
+from pipeline.suites.summary import SuiteSummary
 
 # Every PNG has this size: 900 x 450 pixels.
 FIGSIZE = (9.0, 4.5)
@@ -188,7 +188,7 @@ def plot_curves(spec: Curves, runs: list[PretrainRun], path: Path) -> bool:
 
 
 def probe_columns(runs: list[PretrainRun]) -> list[str]:
-    """The `probe/<task>/<metric>` columns any run logged (pipeline/probe.py)."""
+    """The `probe/<task>/<metric>` columns any run logged (pipeline/pretrain/probe.py)."""
     names = {c for run in runs for c in run.metrics if c.startswith("probe/") and c.count("/") == 2}
     return sorted(names)
 

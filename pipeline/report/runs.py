@@ -1,9 +1,9 @@
 """Reading run folders: what `make pretrain`, `make finetune` and `make glue` leave behind.
 
 A pretraining run folder holds `logs/metrics.csv`, and its config in `logs/hparams.yaml` (written
-by pipeline/loggers.py), else `.hydra/config.yaml`. A fine-tuning run folder holds
+by pipeline/training/loggers.py), else `.hydra/config.yaml`. A fine-tuning run folder holds
 `results.json`; a multirun folder holds one fine-tuning run per numbered subfolder; a suite
-folder of `make glue` holds `glue_suite.json` (read by `pipeline.suite_summary`).
+folder of `make glue` holds `glue_suite.json` (read by `pipeline.suites.summary`).
 
 Rows of Lightning's CSV log are sparse (training and validation metrics on different rows); a
 resumed run repeats the steps between its checkpoint and the crash, and the last row of a step
@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pipeline.results import RESULTS, FinetuneResults, ResultsError
-from pipeline.run_folder import SUITE_RECORD
-from pipeline.suite_summary import SuiteRecordError, SuiteSummary, summarize_suites
+from pipeline.finetune.results import FinetuneResults
+from pipeline.run.errors import ResultsError, SuiteRecordError
+from pipeline.run.folder import RESULTS, SUITE_RECORD
+from pipeline.suites.summary import SuiteSummary, summarize_suites
 
 Series = dict[int, float]  # step -> value
 

@@ -10,11 +10,11 @@ import numpy as np
 
 from pipeline.report.plots import smoothing_window
 from pipeline.report.runs import MFU, SKIPPED, TOKENS_PER_S, FinetuneRun, PretrainRun
-from pipeline.seeds import summarize_seeds
-from pipeline.suite_summary import SuiteSummary
+from pipeline.suites.seeds import summarize_seeds
+from pipeline.suites.summary import SuiteSummary
 
 # Config summary rows: (label, key); "choice." keys are the Hydra choices, "run." keys the facts
-# logged by pipeline/loggers.py:log_run_start.
+# logged by pipeline/training/loggers.py:log_run_start.
 CONFIG_ROWS = (
     ("model preset", "choice.model"),
     ("experiment", "choice.experiment"),

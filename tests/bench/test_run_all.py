@@ -9,7 +9,7 @@ import pytest
 
 from bench import bench_data, bench_models, bench_time_to_loss, run_all
 from bench.common import figure
-from pipeline.precision import native_bf16_flags
+from pipeline.training.precision import native_bf16_flags
 
 
 def fake_reports(monkeypatch) -> dict[str, list]:
@@ -131,5 +131,7 @@ def test_the_report_says_which_cpu_flags_and_whether_bf16_is_native(flags, text)
 def test_the_machine_record_keeps_the_cpu_flags_that_decide_the_speeds(monkeypatch):
     from bench import common
 
-    monkeypatch.setattr("pipeline.precision.cpu_flags", lambda: {"avx2", "sse4_2", "amx_bf16"})
+    monkeypatch.setattr(
+        "pipeline.training.precision.cpu_flags", lambda: {"avx2", "sse4_2", "amx_bf16"}
+    )
     assert common.machine()["cpu_flags"] == ["avx2", "amx_bf16"]

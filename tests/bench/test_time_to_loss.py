@@ -13,7 +13,7 @@ from bench import bench_memory, bench_time_to_loss, reference_train
 from bench.bench_time_to_loss import time_to_reach, validation_points
 from bench.clock import WallClockLogger, read_clock
 from bench.common import BenchError, plan_steps
-from pipeline.loggers import numbered_from_one
+from pipeline.training.loggers import numbered_from_one
 
 TINY = ["data=embedded", "tokenizer.vocab_size=1000", "objective.batch_size=4"]
 
@@ -199,14 +199,16 @@ def test_wall_clock_logger_in_a_real_fit_marks_validations_with_steps_done(tmp_p
 @pytest.mark.parametrize("family", ["bert", "gpt"])
 def test_reference_losses_are_defined_as_ours(tmp_path, family):
     from models import load_hf_bert, load_hf_gpt
-    from pipeline.families import family_named
+    from pipeline.run.families import family_named
 
     run = reference_train.compose_run(
         [f"model={family}-tiny", *TINY, f"paths.cache_dir={tmp_path}"]
     )
     torch.manual_seed(0)
     hf = reference_train.build_model(family, run.model_config, torch.device("cpu")).eval()
-    module = family_named(family).module_class(run.model_config, optimizer=None, scheduler=None)
+    module = family_named(family).pretraining_module()(
+        run.model_config, optimizer=None, scheduler=None
+    )
     module.model = (load_hf_bert if family == "bert" else load_hf_gpt)(hf).eval()
     batches = [b for b, _ in zip(run.datamodule.val_dataloader(), range(2), strict=False)]
     sums: dict[str, list[float]] = {}

@@ -16,9 +16,9 @@ from omegaconf import OmegaConf
 from datamodules.corpus import EmbeddedCorpus, TextFilesCorpus
 from models.config import BertConfig, GPTConfig
 from models.gpt import GPT
-from pipeline.config import check_config
-from pipeline.optim import build_optimizer
-from pipeline.pretraining import trainer_arguments
+from pipeline.pretrain.checks import check_config
+from pipeline.pretrain.run import trainer_arguments
+from pipeline.training.optim import build_optimizer
 from tests.conftest import CONF, compose_pretrain
 from tests.pipeline.task_data import write_quick_suite_texts
 
@@ -44,7 +44,7 @@ def reads_glue_texts(group: str, option: str) -> bool:
 
 
 GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine"}
-# adamw_finetune leaves lr to pipeline/finetuning.py (by model width); tests/pipeline/test_finetune.py
+# adamw_finetune leaves lr to pipeline/finetune/run.py (by model width); tests/pipeline/test_finetune.py
 FINETUNE_ONLY = {("optim", "adamw_finetune")}
 OPTIONS = [
     (g, p.stem)

@@ -29,7 +29,7 @@ from datamodules.store_build import (
     _splits_alike,
     open_or_build_store,
 )
-from pipeline.config import check_config
+from pipeline.pretrain.checks import check_config
 from tests.conftest import CONF, ListCorpus, compose_pretrain
 from tokenizer import get_tokenizer, special_ids, tokenizer_cache_path
 

@@ -26,10 +26,10 @@ from datamodules.corpus import EmbeddedCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from models.config import BertConfig, GPTConfig
-from pipeline.corpus_init import CorpusInit
-from pipeline.families import family_named
-from pipeline.muon import MuonWithAdamW
-from pipeline.schedules import warmup_cosine, warmup_linear_decay
+from pipeline.pretrain.corpus_init import CorpusInit
+from pipeline.run.families import family_named
+from pipeline.training.muon import MuonWithAdamW
+from pipeline.training.schedules import warmup_cosine, warmup_linear_decay
 from tokenizer import load_tokenizer
 
 SEED = 7
@@ -158,7 +158,7 @@ def main(
         wait_timeout_s=120,
     )
     optimizer, schedule = optimizer_and_schedule(family, optim)
-    module = family_named(family).module_class(
+    module = family_named(family).pretraining_module()(
         model_config(family, tokenizer.get_vocab_size()), optimizer=optimizer, scheduler=schedule
     )
     trainer = L.Trainer(
@@ -175,7 +175,7 @@ def main(
         enable_model_summary=False,
         enable_checkpointing=False,
         logger=False,
-        # word vectors (pipeline/corpus_init.py) before the recorder's look at the initial weights
+        # word vectors (pipeline/pretrain/corpus_init.py) before the recorder's look at the initial weights
         callbacks=[*([CorpusInit(window=5)] if word_vectors else []), Recorder(Path(out), k)],
     )
     trainer.fit(module, datamodule=datamodule)

@@ -13,11 +13,11 @@ import runpy
 
 from lightning.pytorch.callbacks.timer import Timer
 
-import pipeline.budget
+import pipeline.pretrain.budget
 
 if __name__ == "__main__":
     ticks = itertools.count()
-    pipeline.budget.clock = lambda: float(next(ticks))
-    pipeline.budget.TimeBudget.on_train_batch_start = lambda self, *args: None
+    pipeline.pretrain.budget.clock = lambda: float(next(ticks))
+    pipeline.pretrain.budget.TimeBudget.on_train_batch_start = lambda self, *args: None
     Timer._check_time_remaining = lambda self, trainer: None
     runpy.run_module("pipeline.commands.pretrain", run_name="__main__")

@@ -1,4 +1,4 @@
-"""Fine-tuning's `backbone.*` dropout settings (`pipeline.task_module.with_dropout`): a model
+"""Fine-tuning's `backbone.*` dropout settings (`pipeline.finetune.task_module.with_dropout`): a model
 pretrained without dropout can fine-tune with it, weights unchanged; the suite's record of them."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from torch import nn
 from models.bert import BertModel
 from models.config import BertConfig, GPTConfig
 from models.gpt import GPTModel
-from pipeline.config import ConfigError
-from pipeline.glue import suite_record
-from pipeline.task_module import with_dropout
+from pipeline.finetune.task_module import with_dropout
+from pipeline.run.errors import ConfigError
+from pipeline.suites.glue import suite_record
 from tests.pipeline.test_finetune import compose_config
 
 
@@ -98,8 +98,8 @@ def test_a_null_backbone_group_is_the_checkpoints_own_rates():
 def test_a_suite_refuses_a_bad_rate_before_it_writes_its_record(tmp_path):
     """A rate the checkpoint's family lacks fails before the suite's folder holds a record, so
     the corrected command can reuse the same run_name."""
-    from pipeline.glue import run_suite
-    from pipeline.run_folder import SUITE_RECORD
+    from pipeline.run.folder import SUITE_RECORD
+    from pipeline.suites.glue import run_suite
     from tests.pipeline.test_glue import load_task
     from tests.pipeline.tiny_models import write_run
 

@@ -1,4 +1,4 @@
-"""The non-neural baselines of `make glue` (pipeline/baselines.py) on synthetic tasks whose
+"""The non-neural baselines of `make glue` (pipeline/finetune/baselines.py) on synthetic tasks whose
 answer a bag of words or the word overlap of a pair determines, and on one they cannot."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from datamodules.task_files import Example
 from datamodules.tasks import TaskSpec
-from pipeline.baselines import bag_features, bag_vocabulary, baseline_scores, fit_linear
+from pipeline.finetune.baselines import bag_features, bag_vocabulary, baseline_scores, fit_linear
 
 FILLER = [
     "the",

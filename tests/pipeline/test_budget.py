@@ -1,4 +1,4 @@
-"""Runs sized to a time budget (pipeline/budget.py): durations, the pace that maps steps onto
+"""Runs sized to a time budget (pipeline/pretrain/budget.py): durations, the pace that maps steps onto
 the schedule, and real runs whose schedule ends on time, even with artificially slow steps.
 (Exact resume in budget mode: tests/pipeline/test_resume.py.)"""
 
@@ -12,9 +12,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Timer
 
-from pipeline.budget import Pace, TimeBudget, parse_duration
-from pipeline.config import ConfigError, check_config
-from pipeline.schedules import warmup_cosine
+from pipeline.pretrain.budget import Pace, TimeBudget, parse_duration
+from pipeline.pretrain.checks import check_config
+from pipeline.run.errors import ConfigError
+from pipeline.training.schedules import warmup_cosine
 from tests.conftest import compose_pretrain
 from tests.pipeline.test_modules import logged, tiny_run
 
@@ -140,7 +141,7 @@ def test_a_budgeted_run_ends_its_schedule_by_its_plan_within_the_budget(
 ):
     budget = 4.0
     clock = SimulatedClock(step_seconds)
-    monkeypatch.setattr("pipeline.budget.clock", clock.monotonic)
+    monkeypatch.setattr("pipeline.pretrain.budget.clock", clock.monotonic)
     monkeypatch.setattr("lightning.pytorch.callbacks.timer.time", clock)
     module, trainer, sized, timer = budgeted_run(tmp_path, small_docs, budget, clock)
     # ended by its plan, not cut by the max_time backstop, within the budget
@@ -207,7 +208,7 @@ class FakeRun:
         """Steps until the planned end; `step_seconds(step)` is step `step`'s duration, and
         `between_seconds(step)` the time after it before the next step (a validation, a
         checkpoint save)."""
-        import pipeline.budget as budget_module
+        import pipeline.pretrain.budget as budget_module
 
         budget_module.clock = lambda: self.now
         try:

@@ -1,4 +1,4 @@
-"""The pipeline's checkpoint entries (pipeline/checkpoint_record.py): written and read through
+"""The pipeline's checkpoint entries (pipeline/checkpoint/record.py): written and read through
 one definition, older and damaged checkpoints read as what they hold."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from models.config import BertConfig, GPTConfig
-from pipeline.checkpoint_record import CheckpointLoadError, CheckpointRecord
+from pipeline.checkpoint.record import CheckpointRecord
+from pipeline.run.errors import CheckpointLoadError
 
 
 def word_tokenizer(model=models.WordPiece) -> Tokenizer:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from pipeline.cli import make_command, override_error, overrides_from_make, parse_makeflags
-from pipeline.config import ConfigError
+from pipeline.run.cli import make_command, override_error, overrides_from_make, parse_makeflags
+from pipeline.run.errors import ConfigError
 from tests.conftest import REPO
 
 TRICKY_ARGS = [

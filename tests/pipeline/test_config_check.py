@@ -6,10 +6,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from pipeline.cli import register_resolvers
-from pipeline.config import ConfigError, _check_setting_keys, check_config
-from pipeline.config_keys import check_keys
-from pipeline.finetuning import check_finetune_keys, task_from
+from pipeline.finetune.run import check_finetune_keys, task_from
+from pipeline.pretrain.checks import _check_setting_keys, check_config
+from pipeline.run.config_keys import check_keys
+from pipeline.run.errors import ConfigError
+from pipeline.run.launcher import register_resolvers
 from tests.conftest import CONF, compose_pretrain
 
 
@@ -123,7 +124,9 @@ def test_unknown_keys_name_the_setting_that_works_when_pasted(override, fix):
 def test_unknown_keys_of_other_presets_and_nested_targets():
     with pytest.raises(ConfigError, match=r"did you mean: model\.n_kv_heads=1$"):
         check_config(compose_pretrain("model=gpt-tiny", "+model.n_kv_head=1"))
-    with pytest.raises(ConfigError, match=r"of pipeline\.muon\.MuonWithAdamW; .*optim\.ns_steps"):
+    with pytest.raises(
+        ConfigError, match=r"of pipeline\.training\.muon\.MuonWithAdamW; .*optim\.ns_steps"
+    ):
         check_config(compose_pretrain("model=gpt-tiny", "optim=muon", "+optim.ns_step=3"))
     with pytest.raises(ConfigError, match=r"trainer\.strategy\.cpu_ofload is not a setting of"):
         check_config(compose_pretrain("trainer=fsdp", "+trainer.strategy.cpu_ofload=true"))
@@ -136,7 +139,9 @@ def test_unknown_keys_of_other_presets_and_nested_targets():
 
 
 def test_targets_that_take_any_keyword_are_not_checked():
-    check_keys("logger.wandb", {"_target_": "pipeline.loggers.wandb_logger", "entity": "me"})
+    check_keys(
+        "logger.wandb", {"_target_": "pipeline.training.loggers.wandb_logger", "entity": "me"}
+    )
     with pytest.raises(ConfigError, match=r"cannot be imported"):
         check_keys("optim", {"_target_": "torch.optim.Adamm", "lr": 1})
 

@@ -1,4 +1,4 @@
-"""Weights a fresh run counts from its training documents (pipeline/corpus_init.py): the masked-LM
+"""Weights a fresh run counts from its training documents (pipeline/pretrain/corpus_init.py): the masked-LM
 output bias at the unigram log frequencies (`output_bias=unigram`), which lowers the starting
 loss, and the settings that cannot work refused. Word vectors: tests/pipeline/test_word_vectors.py;
 resume exactness: tests/pipeline/test_resume.py."""
@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import ConfigError, check_config
-from pipeline.corpus_init import output_bias, unigram_log_frequencies
+from pipeline.pretrain.checks import check_config
+from pipeline.pretrain.corpus_init import output_bias, unigram_log_frequencies
+from pipeline.run.errors import ConfigError
 from tests.conftest import compose_pretrain
 from tests.pipeline.test_modules import tiny_run
 

@@ -14,20 +14,20 @@ from torch.nn import functional as F
 
 from datamodules.objective import CausalLMObjective
 from models.config import BertConfig, GPTConfig
-from pipeline.config import ConfigError, check_config
-from pipeline.families import (
+from pipeline.checkpoint.load import load_pretrained
+from pipeline.finetune.task_module import load_backbone, reinitialize
+from pipeline.pretrain.checks import check_config
+from pipeline.pretrain.modules import PretrainModule
+from pipeline.pretrain.run import assemble
+from pipeline.run.errors import ConfigError, UnknownFamilyError
+from pipeline.run.families import (
     Family,
-    UnknownFamilyError,
     families,
     family_named,
     family_of_config,
     register,
     unregister,
 )
-from pipeline.load import load_pretrained
-from pipeline.modules import PretrainModule
-from pipeline.pretraining import assemble
-from pipeline.task_module import load_backbone, reinitialize
 from tests.conftest import compose_pretrain
 from tokenizer import get_tokenizer, tokenizer_kind
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.config import ConfigError
-from pipeline.load import CheckpointLoadError, load_pretrained
-from pipeline.mask_filling import best_filling, fill_mask, format_guesses, mask_probabilities
+from pipeline.checkpoint.load import load_pretrained
+from pipeline.infer.mask_filling import best_filling, fill_mask, format_guesses, mask_probabilities
+from pipeline.run.errors import CheckpointLoadError, ConfigError
 from tests.pipeline.test_generate import run_cli
 from tests.pipeline.tiny_models import write_run
 

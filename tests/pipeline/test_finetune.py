@@ -20,17 +20,11 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from datamodules.tasks import TaskSpec, load_labels
-from pipeline import run_folder
-from pipeline.config import ConfigError
-from pipeline.evaluation import evaluate, predict
-from pipeline.finetuning import (
-    default_epochs,
-    default_lr,
-    finetune,
-    split_metrics,
-)
-from pipeline.load import CheckpointLoadError
-from pipeline.task_module import load_backbone, load_finetuned
+from pipeline.finetune.evaluation import evaluate, predict
+from pipeline.finetune.run import default_epochs, default_lr, finetune, split_metrics
+from pipeline.finetune.task_module import load_backbone, load_finetuned
+from pipeline.run import folder as run_folder
+from pipeline.run.errors import CheckpointLoadError, ConfigError
 from tests.conftest import CONF, REPO, SHARED_DATA
 from tests.pipeline.test_generate import run_cli
 from tests.pipeline.tiny_models import write_run
@@ -53,7 +47,7 @@ GLUE_TASKS = {
 
 def compose_config(name: str, *overrides: str, run_dir: Path | None = None):
     """conf/<name>.yaml composed as the CLI would, CPU-only, quiet, outputs in `run_dir`."""
-    from pipeline.cli import register_resolvers
+    from pipeline.run.launcher import register_resolvers
 
     register_resolvers()
     with initialize_config_dir(str(CONF), version_base="1.3"):
@@ -637,7 +631,7 @@ def test_evaluate_says_which_examples_it_scored(sst2_run, tmp_path):
 
 
 def test_evaluations_with_other_settings_get_other_file_names():
-    from pipeline.evaluation import evaluation_file_name, evaluation_settings
+    from pipeline.finetune.evaluation import evaluation_file_name, evaluation_settings
 
     task = TaskSpec(
         name="sst2",

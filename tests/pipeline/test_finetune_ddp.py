@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from datamodules.finetune import EpochShuffleSampler, EvalShardSampler, Repeat, with_scored
-from pipeline.results import RESULTS
+from pipeline.run.folder import RESULTS
 from tests.conftest import CLI_ENV
 from tests.pipeline.task_data import pair_task, write_pairs
 from tests.pipeline.test_generate import run_cli

@@ -10,10 +10,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from pipeline.cli import literal_text_overrides
-from pipeline.config import ConfigError
-from pipeline.generation import Sampling, continue_ids, generate, prompt_ids
-from pipeline.load import load_pretrained, require_keys
+from pipeline.checkpoint.load import load_pretrained, require_keys
+from pipeline.infer.generation import Sampling, continue_ids, generate, prompt_ids
+from pipeline.run.cli import literal_text_overrides
+from pipeline.run.errors import ConfigError
 from tests.conftest import CONF, REPO
 from tests.pipeline.tiny_models import write_run
 from tokenizer.special import EOT

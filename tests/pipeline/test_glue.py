@@ -1,4 +1,4 @@
-"""`make glue` (pipeline/glue.py, pipeline/suite_summary.py): a tiny pretrained model and its
+"""`make glue` (pipeline/suites/glue.py, pipeline/suites/summary.py): a tiny pretrained model and its
 from-scratch twin fine-tuned on slices of real GLUE tasks over two seeds, the summary table,
 resuming a suite that was cut short, and the report of a suite folder."""
 
@@ -14,12 +14,12 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
 from models.hf import export_hf
-from pipeline import finetuning
-from pipeline.config import ConfigError
-from pipeline.glue import Job, SuiteTask, job_config, plan, run_suite, seeds_of, suite_tasks
+from pipeline.finetune import run as finetuning
+from pipeline.finetune.results import FinetuneResults
 from pipeline.report import write_report
-from pipeline.results import FinetuneResults
-from pipeline.suite_summary import BASELINES, summarize_suite, task_score
+from pipeline.run.errors import ConfigError
+from pipeline.suites.glue import Job, SuiteTask, job_config, plan, run_suite, seeds_of, suite_tasks
+from pipeline.suites.summary import BASELINES, summarize_suite, task_score
 from tests.conftest import CLI_ENV, CONF, SHARED_DATA
 from tests.pipeline.test_finetune import compose_config
 from tests.pipeline.test_generate import run_cli

@@ -1,4 +1,4 @@
-"""Signal handling of a training run (pipeline/interrupt.py); the end-to-end behaviour (a
+"""Signal handling of a training run (pipeline/checkpoint/interrupt.py); the end-to-end behaviour (a
 checkpoint at the signalled step, exact resume) is in test_resume.py."""
 
 from __future__ import annotations
@@ -8,7 +8,12 @@ import signal
 
 import pytest
 
-from pipeline.interrupt import STOP_SIGNALS, GracefulStop, TrainingInterrupted, requeue_slurm_job
+from pipeline.checkpoint.interrupt import (
+    STOP_SIGNALS,
+    GracefulStop,
+    TrainingInterrupted,
+    requeue_slurm_job,
+)
 
 
 @pytest.fixture

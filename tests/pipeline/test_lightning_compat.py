@@ -1,4 +1,4 @@
-"""Lightning's internals that the pipeline uses (pipeline/lightning_compat.py) exist in the
+"""Lightning's internals that the pipeline uses (pipeline/training/lightning_compat.py) exist in the
 installed Lightning, and the check names what is missing when one does not."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 
-from pipeline import lightning_compat
+from pipeline.training import lightning_compat
 
 
 def test_every_internal_the_pipeline_uses_exists():

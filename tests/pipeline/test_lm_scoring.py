@@ -1,4 +1,4 @@
-"""Scoring a text with a causal model in bits per byte (pipeline/lm_scoring.py and
+"""Scoring a text with a causal model in bits per byte (pipeline/infer/lm_scoring.py and
 `make evaluate-lm`)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.config import ConfigError
-from pipeline.lm_scoring import read_text, score_text
-from pipeline.load import Pretrained
+from pipeline.checkpoint.load import Pretrained
+from pipeline.infer.lm_scoring import read_text, score_text
+from pipeline.run.errors import ConfigError
 from tests.conftest import CLI_ENV, REPO
 from tests.pipeline.tiny_models import tiny_model, trained_tokenizer, write_run
 from tokenizer import batched, train_tokenizer

@@ -1,4 +1,4 @@
-"""`pipeline.load`: one loader for our checkpoints, run folders and HF exports, with clear errors."""
+"""`pipeline.checkpoint.load`: one loader for our checkpoints, run folders and HF exports, with clear errors."""
 
 from __future__ import annotations
 
@@ -10,15 +10,13 @@ import torch
 from models.bert import BertForPreTraining, BertModel
 from models.gpt import GPT
 from models.hf import export_hf
-from pipeline.config import ConfigError
-from pipeline.load import (
-    CheckpointLoadError,
-    WrongFamilyError,
+from pipeline.checkpoint.load import (
     expect_family,
     load_pretrained,
     resolve_checkpoint,
     resolve_device,
 )
+from pipeline.run.errors import CheckpointLoadError, ConfigError, WrongFamilyError
 from tests.pipeline.tiny_models import checkpoint_dict, tiny_model, trained_tokenizer, write_run
 from tokenizer import tokenizer_kind
 

@@ -1,4 +1,4 @@
-"""Run tracking (pipeline/loggers.py): the logger choices, the wandb mode that never prompts, what a
+"""Run tracking (pipeline/training/loggers.py): the logger choices, the wandb mode that never prompts, what a
 tiny run writes to an offline wandb run and its CSV log, and a resumed run continuing its wandb
 run."""
 
@@ -21,9 +21,9 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from models.config import GPTConfig
 from models.flops import flops_per_token
-from pipeline import loggers as tracking
-from pipeline.config import ConfigError
-from pipeline.loggers import (
+from pipeline.run.errors import ConfigError
+from pipeline.training import loggers as tracking
+from pipeline.training.loggers import (
     AppendingCSVLogger,
     build_loggers,
     default_placement,

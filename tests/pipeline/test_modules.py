@@ -1,4 +1,4 @@
-"""The LightningModules, trained in-process through the real assembly (`pipeline.pretraining.assemble`):
+"""The LightningModules, trained in-process through the real assembly (`pipeline.pretrain.run.assemble`):
 gradient accumulation normalized over all of a step's predictions, overfitting a few batches,
 and golden losses of seeded tiny runs."""
 
@@ -16,9 +16,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from pipeline.config import check_config
-from pipeline.modules import NonFiniteLossError
-from pipeline.pretraining import assemble
+from pipeline.pretrain.checks import check_config
+from pipeline.pretrain.run import assemble
+from pipeline.run.errors import NonFiniteLossError
 from tests.conftest import ListCorpus, compose_pretrain
 from tokenizer import batched, load_tokenizer, train_tokenizer
 

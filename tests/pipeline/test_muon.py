@@ -1,4 +1,4 @@
-"""optim=muon (pipeline/muon.py): Muon on the transformer blocks' matrices, AdamW on the rest,
+"""optim=muon (pipeline/training/muon.py): Muon on the transformer blocks' matrices, AdamW on the rest,
 in one optimizer whose step and state are exactly those of the two parts."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from torch import nn
 from models.bert import BertForPreTraining
 from models.config import BertConfig, GPTConfig
 from models.gpt import GPT
-from pipeline import precision
-from pipeline.config import ConfigError, check_config
-from pipeline.muon import MuonWithAdamW, fast_dtype, orthogonalize
-from pipeline.optim import build_optimizer
+from pipeline.pretrain.checks import check_config
+from pipeline.run.errors import ConfigError
+from pipeline.training import precision
+from pipeline.training.muon import MuonWithAdamW, fast_dtype, orthogonalize
+from pipeline.training.optim import build_optimizer
 from tests.conftest import compose_pretrain
 
 GPT_CONFIG = GPTConfig(

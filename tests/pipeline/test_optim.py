@@ -4,13 +4,13 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.optim import (
+from pipeline.training.optim import (
     apply_hyperparameters,
     build_optimizer,
     group_hyperparameters,
     weight_decay_groups,
 )
-from pipeline.schedules import warmup_cosine
+from pipeline.training.schedules import warmup_cosine
 
 
 class TinyLM(nn.Module):

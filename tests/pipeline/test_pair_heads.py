@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import ConfigError
-from pipeline.evaluation import evaluate, predict
-from pipeline.finetuning import finetune
-from pipeline.task_module import load_finetuned
+from pipeline.finetune.evaluation import evaluate, predict
+from pipeline.finetune.run import finetune
+from pipeline.finetune.task_module import load_finetuned
+from pipeline.run.errors import ConfigError
 from tests.pipeline.task_data import pair_task, write_pairs
 from tests.pipeline.test_finetune import compose_config
 from tests.pipeline.tiny_models import write_run
@@ -110,7 +110,7 @@ def test_pairs_are_read_apart_by_default_up_to_mini_width():
     """head.siamese null: siamese (with mean pooling) for widths up to 256, one sequence above;
     single-text tasks never; an explicit setting wins."""
     from datamodules.tasks import TaskSpec
-    from pipeline.finetuning import SIAMESE_UP_TO_WIDTH, reads_pairs_apart
+    from pipeline.finetune.run import SIAMESE_UP_TO_WIDTH, reads_pairs_apart
 
     def task(columns):
         return TaskSpec(
@@ -147,7 +147,7 @@ def test_an_unknown_pooling_is_a_config_error(setup):
 
 def test_a_head_record_round_trips_and_refuses_an_unknown_pair_score():
     from datamodules.tasks import LabelMap
-    from pipeline.task_module import HeadSpec
+    from pipeline.finetune.task_module import HeadSpec
 
     spec = HeadSpec(
         "stsb",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline import precision
+from pipeline.training import precision
 
 
 @pytest.mark.parametrize(

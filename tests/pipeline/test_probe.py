@@ -1,4 +1,4 @@
-"""Downstream probes during pretraining (pipeline/probe.py): they read what a linear model can
+"""Downstream probes during pretraining (pipeline/pretrain/probe.py): they read what a linear model can
 from frozen features, they leave the model and the random number generators as they were, and
 a run with `probe=glue` logs them before the first step, every N steps and at the end."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from datamodules.tasks import TaskSpec
-from pipeline.baselines import fit_linear
-from pipeline.probe import Probe
+from pipeline.finetune.baselines import fit_linear
+from pipeline.pretrain.probe import Probe
 from tests.conftest import run_pretrain
 from tests.pipeline.task_data import write_pairs
 from tests.pipeline.tiny_models import tiny_model, trained_tokenizer

@@ -6,12 +6,8 @@ import json
 
 import pytest
 
-from pipeline.results import (
-    BestCheckpoint,
-    FinalScores,
-    FinetuneResults,
-    ResultsError,
-)
+from pipeline.finetune.results import BestCheckpoint, FinalScores, FinetuneResults
+from pipeline.run.errors import ResultsError
 
 RECORD = FinetuneResults(
     task="mnli",

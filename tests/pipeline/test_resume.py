@@ -15,12 +15,13 @@ import torch
 from omegaconf import OmegaConf
 
 from models.config import BertConfig
-from pipeline.budget import TimeBudget
-from pipeline.checkpoint_record import CheckpointRecord
-from pipeline.checkpoints import check_compatible, newest_checkpoint
-from pipeline.config import check_config
-from pipeline.load import CheckpointLoadError, CheckpointSource
-from pipeline.pretraining import resumed_tokenizer, train
+from pipeline.checkpoint.load import CheckpointSource
+from pipeline.checkpoint.record import CheckpointRecord
+from pipeline.checkpoint.saving import check_compatible, newest_checkpoint
+from pipeline.pretrain.budget import TimeBudget
+from pipeline.pretrain.checks import check_config
+from pipeline.pretrain.run import resumed_tokenizer, train
+from pipeline.run.errors import CheckpointLoadError
 from tests.conftest import (
     CLI_ENV,
     REPO,
@@ -219,7 +220,7 @@ def test_two_stops_and_resumes_leave_one_last_checkpoint_the_newest(shared_runs)
     last step, no `-v1` copy beside it, and `ckpt=<run>` loads it. (The first stop comes before
     the first periodic checkpoint, so the state it resumes from names no `last.ckpt` yet: the
     case where Lightning wrote `last-v1.ckpt` and left the stale `last.ckpt` to be loaded.)"""
-    from pipeline.load import resolve_checkpoint
+    from pipeline.checkpoint.load import resolve_checkpoint
 
     tmp_path, _ = shared_runs
     run = (
@@ -583,8 +584,8 @@ def test_a_run_name_that_is_not_one_folder_is_refused_before_anything_is_written
 
 def test_resume_auto_stops_when_no_checkpoint_can_be_read(tmp_path):
     """Rather than start a run over in its own folder when every checkpoint is damaged."""
-    from pipeline.checkpoints import resume_checkpoint
-    from pipeline.config import ConfigError
+    from pipeline.checkpoint.saving import resume_checkpoint
+    from pipeline.run.errors import ConfigError
 
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
@@ -604,7 +605,7 @@ def test_resume_auto_stops_when_no_checkpoint_can_be_read(tmp_path):
 
 
 def test_probes_change_nothing_and_a_probed_run_resumes_exactly(shared_runs):
-    """probe=glue (pipeline/probe.py): a run with probes every 5 steps, killed and resumed,
+    """probe=glue (pipeline/pretrain/probe.py): a run with probes every 5 steps, killed and resumed,
     ends exactly as the uninterrupted run without probes: the probes consume no random
     numbers of training and read no training data."""
     tmp_path, reference = shared_runs

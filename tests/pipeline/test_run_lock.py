@@ -1,4 +1,4 @@
-"""One run at a time in a run folder (pipeline/run_lock.py): a second command for a folder in
+"""One run at a time in a run folder (pipeline/run/lock.py): a second command for a folder in
 use is refused before it writes anything, and a lock left by a killed run is taken over."""
 
 from __future__ import annotations
@@ -16,16 +16,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from pipeline.run_lock import (
-    LOCK_FILE,
-    RunFolderBusyError,
-    lock_run_folder,
-    release_run_folder,
-)
+from pipeline.run.errors import RunFolderBusyError
+from pipeline.run.lock import LOCK_FILE, lock_run_folder, release_run_folder
 from tests.conftest import CLI_ENV, CONF, REPO, pretrain_command, run_pretrain
 
 HOLD = (
-    "import sys; from pathlib import Path; from pipeline.run_lock import lock_run_folder; "
+    "import sys; from pathlib import Path; from pipeline.run.lock import lock_run_folder; "
     "lock_run_folder(Path(sys.argv[1]), 'pretrain'); print('held', flush=True); sys.stdin.read()"
 )
 
@@ -66,7 +62,7 @@ def test_the_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, caplog)
     holder.send_signal(signal.SIGKILL)  # no exit handler runs: the file still names it
     holder.wait(timeout=60)
     assert json.loads((tmp_path / "run" / LOCK_FILE).read_text())["pid"] == holder.pid
-    with caplog.at_level(logging.WARNING, logger="pipeline.run_lock"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.run.lock"):
         lock_run_folder(tmp_path / "run", "pretrain")
     assert f"pid {holder.pid}" in caplog.text and "ended without releasing it" in caplog.text
     release_run_folder(tmp_path / "run")
@@ -79,7 +75,7 @@ def test_every_command_with_a_run_folder_takes_its_lock():
         with initialize_config_dir(str(CONF), version_base="1.3"):
             cfg = compose(name, return_hydra_config=True)
         guard = cfg.hydra.callbacks.run_folder
-        assert guard._target_ == "pipeline.run_folder.RunFolderGuard" and guard.command == command
+        assert guard._target_ == "pipeline.run.folder.RunFolderGuard" and guard.command == command
 
 
 def test_two_runs_into_one_folder_the_second_refused_the_first_as_if_alone(tmp_path):

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from pipeline.schedules import resolve_warmup, warmup_cosine, warmup_linear_decay
+from pipeline.training.schedules import resolve_warmup, warmup_cosine, warmup_linear_decay
 
 
 def lrs(scheduler, steps):

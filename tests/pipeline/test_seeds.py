@@ -1,10 +1,10 @@
-"""The summary over seeds that the sweep summary and the report share (pipeline/seeds.py)."""
+"""The summary over seeds that the sweep summary and the report share (pipeline/suites/seeds.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.seeds import SeedSummary, paired_difference, summarize_seeds, t_quantile
+from pipeline.suites.seeds import SeedSummary, paired_difference, summarize_seeds, t_quantile
 
 
 def test_summary_of_three_seeds():

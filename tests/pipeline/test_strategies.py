@@ -20,7 +20,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 
 from models.bert import BertConfig, BertForPreTraining
 from models.gpt import GPT, GPTConfig
-from pipeline.strategies import SHARDING_STRATEGIES, fsdp_strategy
+from pipeline.training.strategies import SHARDING_STRATEGIES, fsdp_strategy
 from tests.conftest import REPO, compose_pretrain
 
 
@@ -139,9 +139,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from models.gpt import GPT, GPTConfig
-from pipeline.checkpoints import AtomicCheckpointIO
-from pipeline.optim import build_optimizer
-from pipeline.strategies import fsdp_strategy
+from pipeline.checkpoint.saving import AtomicCheckpointIO
+from pipeline.training.optim import build_optimizer
+from pipeline.training.strategies import fsdp_strategy
 
 
 class TinyGPT(L.LightningModule):
@@ -234,7 +234,7 @@ def test_norm_clipping_under_fsdp_uses_the_global_norm_of_fsdp():
     wrapped model's `clip_grad_norm_`, which reduces the norm over all shards."""
     from unittest import mock
 
-    from pipeline.modules import GPTPretraining
+    from pipeline.pretrain.modules import GPTPretraining
 
     module = GPTPretraining(GPTConfig.from_preset("tiny", vocab_size=128), None, None)
     strategy = fsdp_strategy()

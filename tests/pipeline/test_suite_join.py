@@ -1,4 +1,4 @@
-"""Joining the tables of several `make glue` folders (`pipeline.suite_summary.summarize_suites`):
+"""Joining the tables of several `make glue` folders (`pipeline.suites.summary.summarize_suites`):
 suites of one checkpoint and settings that ran other tasks side by side make one table with one
 average; anything else keeps a table of its own. Folders are written by hand, no training."""
 
@@ -11,14 +11,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.commands.report import main as report_main
-from pipeline.results import RESULTS, BestCheckpoint, FinalScores, FinetuneResults
-from pipeline.run_folder import SUITE_RECORD
-from pipeline.suite_summary import (
-    BASELINES,
-    SuiteRecordError,
-    summarize_suite,
-    summarize_suites,
-)
+from pipeline.finetune.results import BestCheckpoint, FinalScores, FinetuneResults
+from pipeline.run.errors import SuiteRecordError
+from pipeline.run.folder import RESULTS, SUITE_RECORD
+from pipeline.suites.summary import BASELINES, summarize_suite, summarize_suites
 
 SETTINGS = {"optim": {"lr": 1e-4}}
 
@@ -141,8 +137,8 @@ def test_a_suite_with_no_finished_fine_tune_takes_corrected_settings(tmp_path):
     """A command whose first fine-tune refused a setting, corrected, keeps its run_name: the
     folder takes the new record and refits its baselines. Once a fine-tune has finished, other
     settings are refused."""
-    from pipeline.config import ConfigError
-    from pipeline.glue import check_or_write_record
+    from pipeline.run.errors import ConfigError
+    from pipeline.suites.glue import check_or_write_record
 
     def record(lr: int) -> dict:
         return {"ckpt": "x", "tasks": {"sst2": {}}, "seeds": [1], "finetune": {"lr": lr}}

@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
-from pipeline.cli import is_sweep
-from pipeline.results import FinetuneResults
-from pipeline.sweep import setting_of, summarize_results, summarize_sweep, summary_table
+from pipeline.finetune.results import FinetuneResults
+from pipeline.run.cli import is_sweep
+from pipeline.suites.sweep import setting_of, summarize_results, summarize_sweep, summary_table
 
 
 def result(lr: str, seed: int, accuracy: float) -> dict:

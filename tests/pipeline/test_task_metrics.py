@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pipeline.task_metrics import main_metric, task_metrics
+from pipeline.finetune.metrics import main_metric, task_metrics
 
 
 def _logits(classes: list[int], num_labels: int = 2) -> torch.Tensor:

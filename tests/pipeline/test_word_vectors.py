@@ -1,4 +1,4 @@
-"""Word vectors counted from the corpus (`word_vectors=ppmi`, pipeline/word_vectors.py): the
+"""Word vectors counted from the corpus (`word_vectors=ppmi`, pipeline/pretrain/word_vectors.py): the
 counts and PPMI against hand computations, vectors that put co-occurring words together, and a
 run whose embeddings start from them (a fresh run only)."""
 
@@ -12,15 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import ConfigError, check_config
-from pipeline.corpus_init import CorpusInit
-from pipeline.word_vectors import (
+from pipeline.pretrain.checks import check_config
+from pipeline.pretrain.corpus_init import CorpusInit
+from pipeline.pretrain.word_vectors import (
     cooccurrence,
     ppmi,
     ppmi_svd_vectors,
     set_word_vectors,
     word_embedding,
 )
+from pipeline.run.errors import ConfigError
 from tests.conftest import compose_pretrain
 from tests.pipeline.test_modules import tiny_run
 

@@ -1,0 +1,439 @@
+"""What a pretraining checkpoint holds, how it is written, which ones are kept, and resuming.
+
+A checkpoint (`<run dir>/checkpoints/*.ckpt`, a Lightning checkpoint) holds the model, optimizer,
+schedule, precision scaler, loop counters and data position (Lightning's own keys), plus the
+pipeline's `CheckpointRecord` (pipeline/checkpoint/record.py: architecture, tokenizer, resolved
+config, longest trained length, wandb run, RNG states), written by `CheckpointExtras`. Everything
+in it is plain data, so it loads with `torch.load(weights_only=True)`.
+
+Kept: the last `keep_last` periodic checkpoints (`stepNNNNNNN.ckpt`), the `keep_best` best by
+validation loss (`best-stepNNNNNNN.ckpt`), and `last.ckpt`. Each file is written to a temporary
+name, fsynced and renamed, so a crash never leaves a half-written checkpoint under a real name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from tokenizers import Tokenizer
+
+from models.config import BertConfig, GPTConfig
+from pipeline.checkpoint.load import CheckpointSource, read_checkpoint
+from pipeline.checkpoint.record import CheckpointRecord
+from pipeline.run.errors import CheckpointLoadError, ConfigError, DamagedCheckpointError
+from pipeline.run.folder import CHECKPOINT_DIR, refuse_overwrite
+from pipeline.training.lightning_compat import (
+    ResumeFileRankedCheckpoint,
+    last_saved_step,
+    mark_saved,
+    remove_checkpoint,
+    save_now,
+    saved_now_not_deferred,
+    set_logging_step,
+    step_boundary,
+)
+from pipeline.training.loggers import wandb_run_record
+from tokenizer import atomic_path
+
+log = logging.getLogger(__name__)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint to a temporary file, fsyncs it, then renames it into place.
+
+    `already_read`: a checkpoint the command has read (the one a run resumes from); Lightning's
+    request to load that file gets those contents, once, instead of a second read. (FSDP's
+    strategy reads a checkpoint itself, without asking this class: there it is read twice.)"""
+
+    def __init__(self, already_read: CheckpointSource | None = None) -> None:
+        super().__init__()
+        self.already_read = already_read
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        with atomic_path(path) as tmp:
+            torch.save(checkpoint, tmp)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict[str, Any]:
+        read, self.already_read = self.already_read, None
+        if read is not None and read.contents is not None and Path(path) == read.path:
+            return read.contents
+        where = {} if map_location is None else {"map_location": map_location}
+        return super().load_checkpoint(path, weights_only=weights_only, **where)
+
+
+class StepCheckpoint(ResumeFileRankedCheckpoint):
+    """A ModelCheckpoint that saves only between optimizer steps, and always at the end.
+
+    Lightning's saves a step when its first micro-batch ends (with gradient accumulation that
+    is mid-step, in particular right after a resume, as it does not remember which step it last
+    saved), and at the end only when nothing was saved during the run, so a run stopped by
+    `max_time` or with `max_steps` not a multiple of `every_n_steps` would lose its last steps.
+
+    On resume, each callback's restored record of its files is made to match the disk: files
+    gone since (moved aside as damaged, deleted by hand) are forgotten, so that `keep_last` and
+    `keep_best` count the files that exist; and the callback that keeps the best checkpoints
+    adopts its files that the restored state does not know (a periodic checkpoint is saved
+    before the validation of its step, so the best file that validation wrote is newer than
+    the state resumed from).
+    """
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        mark_saved(self, trainer.global_step)  # resumed from it: on disk already
+        self._align_log_step = trainer.global_step > 0
+        if trainer.global_step > 0:
+            self._match_files_on_disk(trainer, adopt=self.monitor != "step")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # Lightning's logging step is saved before a batch is counted
+        # and given +1 when restored; the end-of-run checkpoint is saved after the count, so a
+        # run resumed from it would log every step one too high. One logged step per optimizer
+        # step: the first batch after a resume logs at the global step.
+        if self._align_log_step:
+            set_logging_step(trainer, trainer.global_step)
+            self._align_log_step = False
+
+    def __init__(self, *, every_n_train_steps: int | None = None, **settings) -> None:
+        super().__init__(every_n_train_steps=every_n_train_steps, **settings)
+        self.every_n_steps = every_n_train_steps or 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not step_boundary(trainer):
+            return  # mid-step: the gradients of the step so far are in no checkpoint
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        # On an epoch's last batch Lightning puts the save off to the validation it expects
+        # next, which a run validating every N steps does not make there (an epoch, or an
+        # objective phase, ending between validations): that step would have no checkpoint.
+        due = self.every_n_steps and trainer.global_step % self.every_n_steps == 0
+        if due and self.monitor == "step" and last_saved_step(self) != trainer.global_step:
+            save_now(self, trainer)
+            saved_now_not_deferred(self)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.save_step(trainer)
+        super().on_train_end(trainer, pl_module)
+
+    def save_step(self, trainer) -> Path | None:
+        """Save the current step's periodic checkpoint and `last.ckpt`, unless this step is
+        saved already (only the callback that keeps `last.ckpt` saves); returns `last.ckpt`."""
+        if not self.save_last:
+            return None
+        if last_saved_step(self) != trainer.global_step:
+            save_now(self, trainer)
+        return Path(self.last_model_path) if self.last_model_path else None
+
+    def _match_files_on_disk(self, trainer, *, adopt: bool) -> None:
+        """Forget the files of this callback's top-k record that are gone; with `adopt`, add
+        its files on disk that the record lacks (each file holds its own score). Then keep
+        only the best `save_top_k` of them."""
+        for gone in [p for p in self.best_k_models if not Path(p).exists()]:
+            del self.best_k_models[gone]  # moved aside as damaged, or deleted by hand
+        prefix = self.filename.split("{")[0]
+        for path in sorted(Path(self.dirpath).glob(f"{prefix}*.ckpt")) if adopt else []:
+            if str(path) in self.best_k_models:
+                continue
+            score = saved_score(path, self.state_key)
+            if score is not None:
+                self.best_k_models[str(path)] = score
+        if not self.best_k_models:
+            self.best_model_path = self.kth_best_model_path = ""
+            self.best_model_score = None
+            self.kth_value = torch.tensor(float("inf") if self.mode == "min" else float("-inf"))
+            return
+        best_first = sorted(
+            self.best_k_models,
+            key=lambda p: float(self.best_k_models[p]),
+            reverse=self.mode == "max",
+        )
+        for path in best_first[self.save_top_k :]:
+            del self.best_k_models[path]
+            if Path(path).exists():
+                log.info("keeping %d by %s: removing %s", self.save_top_k, self.monitor, path)
+                remove_checkpoint(self, trainer, path)
+        kept = best_first[: self.save_top_k]
+        self.best_model_path, self.kth_best_model_path = kept[0], kept[-1]
+        self.best_model_score = self.best_k_models[kept[0]]
+        self.kth_value = self.best_k_models[kept[-1]]
+
+
+def saved_score(path: Path, state_key: str) -> torch.Tensor | None:
+    """The monitored score a best-k checkpoint file was saved with (None if unreadable)."""
+    try:
+        state = read_checkpoint(path)["callbacks"][state_key]
+        return state["best_k_models"].get(str(path), state["current_score"])
+    except (CheckpointLoadError, KeyError, TypeError) as err:  # not one of ours to rank
+        log.warning("not counting %s among the best checkpoints: %s", path, err)
+        return None
+
+
+def checkpoint_callbacks(
+    run_dir: Path, every_n_steps: int, keep_last: int, keep_best: int
+) -> list[ModelCheckpoint]:
+    """The periodic checkpoints (the last `keep_last`, plus `last.ckpt`) and the best ones."""
+    directory = run_dir / CHECKPOINT_DIR
+    periodic = StepCheckpoint(
+        dirpath=directory,
+        filename="step{step:07d}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=every_n_steps,
+        save_last=True,
+        # "step" ranks checkpoints by recency (Lightning puts the global step among the
+        # monitored values), so keeping the top k keeps the last k.
+        monitor="step",
+        mode="max",
+        save_top_k=keep_last,
+        # A run folder holds one `last.ckpt`, the newest: Lightning's version counter would
+        # write `last-v1.ckpt` beside it whenever a resumed run's restored state does not name
+        # the file on disk (a run resumed from a periodic checkpoint, then stopped again), and
+        # `ckpt=<run>` would load the stale one. Files are replaced atomically (AtomicCheckpointIO)
+        # and a folder is written by one run at a time (pipeline/run/lock.py), so a name that
+        # exists is this run's own earlier save of that name.
+        enable_version_counter=False,
+    )
+    callbacks = [periodic]
+    if keep_best:
+        callbacks.append(
+            StepCheckpoint(
+                dirpath=directory,
+                filename="best-step{step:07d}",
+                auto_insert_metric_name=False,
+                monitor="val/loss",
+                mode="min",
+                save_top_k=keep_best,
+                enable_version_counter=False,
+            )
+        )
+    return callbacks
+
+
+class CheckpointExtras(L.Callback):
+    """Writes the pipeline's `CheckpointRecord` into every checkpoint (architecture, tokenizer,
+    resolved config, longest trained length, wandb run, RNG states), and restores the RNG
+    states on resume (dropout then draws the same masks as in the uninterrupted run).
+
+    The RNG states of every rank are gathered into the checkpoint (a list indexed by rank), as
+    ranks draw different amounts (BERT batches differ in width), and each rank gets its own
+    back. The wandb run is recorded (`pipeline.training.loggers.wandb_run_record`) so that a run
+    resumed from the checkpoint continues it.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        config: dict[str, Any],
+        trained_seq_len: Callable[[int], int | None] = lambda steps: None,
+    ):
+        """`trained_seq_len`: the longest sequence trained after a number of optimizer steps
+        (the objective's phases may lengthen it as a run goes on; None: unknown)."""
+        self.tokenizer = CheckpointRecord.describe_tokenizer(tokenizer)
+        self.config = config
+        self.seq_len_at = trained_seq_len
+        self.resumed_seq_len: int | None = None  # what the checkpoint resumed from had trained
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        lengths = [self.resumed_seq_len, self.seq_len_at(trainer.global_step)]
+        known = [n for n in lengths if n is not None]
+        states = rng_states()
+        if trainer.world_size > 1:  # this hook runs on every rank; only rank 0 writes
+            gathered: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(gathered, states)
+        else:
+            gathered = [states]
+        CheckpointRecord(
+            model_config=CheckpointRecord.describe_model(pl_module.model_config),
+            tokenizer=self.tokenizer,
+            config=self.config,
+            trained_seq_len=max(known) if known else None,
+            wandb=wandb_run_record(trainer.loggers) or {},
+            rng=gathered,
+        ).write_into(checkpoint)
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        record = CheckpointRecord.of(checkpoint)
+        self.resumed_seq_len = record.trained_seq_len  # a resumed run trained the longer of both
+        if trainer.global_rank < len(record.rng):
+            restore_rng_states(record.rng[trainer.global_rank])
+        else:
+            log.warning("the checkpoint has no RNG state for rank %d", trainer.global_rank)
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's global RNG states (CUDA: its current device), as plain data."""
+    numpy_state = np.random.get_state(legacy=False)
+    version, python_state, gauss = random.getstate()
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "key": numpy_state["state"]["key"].tolist(),
+            "pos": int(numpy_state["state"]["pos"]),
+            "has_gauss": int(numpy_state["has_gauss"]),
+            "gauss": float(numpy_state["gauss"]),
+        },
+        "python": {"version": version, "state": list(python_state), "gauss": gauss},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    numpy_state = states["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            np.array(numpy_state["key"], dtype=np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["gauss"],
+        )
+    )
+    python = states["python"]
+    random.setstate((python["version"], tuple(python["state"]), python["gauss"]))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
+
+
+def newest_checkpoint(run_dir: Path, *, set_aside_damaged: bool = False) -> CheckpointSource | None:
+    """The checkpoint of a run folder with the highest global step, read (its contents are
+    kept, so that nothing reads it again), or None when it has none.
+
+    Of equal steps, a periodic `stepNNNNNNN.ckpt` comes first: `last.ckpt` holds the same state
+    but is overwritten as the resumed run goes on (the path a run prints as resumed from must
+    keep naming that state), and a best-by-validation one is saved after its step's validation.
+
+    Files are atomic, so a file under a checkpoint name is complete unless damaged afterwards;
+    a damaged one is skipped with a warning and, with `set_aside_damaged` (the run's own
+    folder, about to be written to, by its first process only), renamed to `<name>.damaged`
+    so that the run's next `last.ckpt` takes its place instead of a `last-v1.ckpt` beside it.
+    """
+    ranked = []
+    contents = {}
+    for path in (run_dir / CHECKPOINT_DIR).glob("*.ckpt"):
+        try:
+            contents[path] = read_checkpoint(path)
+            step = int(contents[path].get("global_step", -1))
+        except DamagedCheckpointError as err:
+            if set_aside_damaged:
+                err = f"{err}; moved aside to {set_aside(path).name}"
+            log.warning("skipping %s", err)
+            continue
+        except CheckpointLoadError as err:  # the system failed to read it: it may read later
+            log.warning("skipping %s", err)
+            continue
+        kind = 0 if path.name.startswith("best-") else 1 if path.name == "last.ckpt" else 2
+        ranked.append((step, kind, path.stat().st_mtime, path))
+    if not ranked:
+        return None
+    newest = max(ranked)[-1]
+    return CheckpointSource(newest, contents[newest])
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged file to `<name>.damaged` (`.damaged-2`, ... if taken); never deletes."""
+    target = path.with_name(f"{path.name}.damaged")
+    number = 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}.damaged-{number}")
+    with contextlib.suppress(FileNotFoundError):  # another process of the run moved it first
+        path.rename(target)
+    return target
+
+
+def resume_checkpoint(
+    resume: str | None, run_dir: Path, *, first_process: bool = True
+) -> CheckpointSource | None:
+    """The checkpoint to resume from, read.
+
+    Args:
+        resume: None (start fresh; refused when the run folder already has checkpoints, which
+            the run would overwrite), "auto" (the newest complete checkpoint of this run folder,
+            or a fresh start when there is none), a checkpoint file, or a run folder.
+        run_dir: this run's folder.
+        first_process: whether this process may move damaged checkpoints aside (only one of
+            a multi-process run does).
+    """
+    if resume is None:
+        refuse_overwrite("pretrain", run_dir)
+        return None
+    if resume == "auto":
+        existed = sorted(p.name for p in (run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
+        found = newest_checkpoint(run_dir, set_aside_damaged=first_process)
+        if found is None and existed:
+            raise ConfigError(
+                f"resume=auto: none of the checkpoints in {run_dir / CHECKPOINT_DIR} can be read "
+                f"({', '.join(existed)}; see the warnings above); rather than start the run over "
+                "in its own folder, this stops: resume from a copy with resume=PATH, or start "
+                "afresh with another run_name"
+            )
+        if found is None:
+            log.info("resume=auto: no checkpoint in %s yet, starting from scratch", run_dir)
+        return found
+    path = Path(resume)
+    if path.is_dir():
+        found = newest_checkpoint(path)
+        if found is None:
+            raise ConfigError(f"resume={resume}: no readable checkpoint in {path / CHECKPOINT_DIR}")
+        return found
+    if not path.is_file():
+        raise ConfigError(
+            f"resume={resume}: no such checkpoint file or run folder; use resume=auto, a "
+            "*.ckpt file or a run folder"
+        )
+    return CheckpointSource(path, read_checkpoint(path))
+
+
+def check_compatible(
+    checkpoint: dict[str, Any], model_config: BertConfig | GPTConfig, tokenizer: Tokenizer
+) -> None:
+    """Raise `CheckpointLoadError` listing every model field (and the tokenizer) that differs
+    between a checkpoint and this run."""
+    record = CheckpointRecord.of(checkpoint)
+    saved = record.model_config
+    if saved is None:
+        raise CheckpointLoadError(
+            "the checkpoint has no model_config: it was not written by this pipeline's pretraining"
+        )
+    current = CheckpointRecord.describe_model(model_config)
+    differing = [key for key, value in current.items() if saved.get(key) != value]
+    mismatched = [
+        f"model.{key}: checkpoint {saved.get(key)!r}, this run {current[key]!r}"
+        for key in differing
+    ]
+    if record.tokenizer is not None and record.tokenizer.get("json") != tokenizer.to_str():
+        mismatched.append(
+            "tokenizer: the checkpoint was trained with a different tokenizer (its settings are "
+            "in the checkpoint's 'config' entry)"
+        )
+    if mismatched:
+        # vocab_size follows the tokenizer (not a setting); values as Hydra reads them
+        fix = " ".join(
+            f"model.{key}={_hydra_value(saved.get(key))}"
+            for key in differing
+            if key not in ("family", "vocab_size")
+        )
+        raise CheckpointLoadError(
+            "the checkpoint does not fit this run's config:\n  "
+            + "\n  ".join(mismatched)
+            + (f"\nresume with the settings it was trained with: {fix}" if fix else "")
+        )
+
+
+def _hydra_value(value: Any) -> str:
+    """`value` as a command-line override spells it (None is `null`, booleans lower case)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)

@@ -1,0 +1,358 @@
+"""Check a composed run config before any work starts, and build its parts.
+
+Every component config is instantiated here, so a wrong value fails in a fraction of a second with
+a message that names the config key; nothing has been trained, tokenized or written yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from datamodules.corpus import CorpusError
+from datamodules.objective import (
+    CausalLMObjective,
+    MaskedLMObjective,
+    Objective,
+    longest_seq_len,
+    phase_plan,
+)
+from datamodules.pretrain import PretrainDataModule
+from models.config import BertConfig, GPTConfig
+from pipeline.pretrain.budget import budget_seconds
+from pipeline.pretrain.corpus_init import OUTPUT_BIAS_CHOICES
+from pipeline.run.config_keys import (
+    OPTIMIZER_ARGUMENTS,
+    SCHEDULE_ARGUMENTS,
+    TRAINER_ARGUMENTS,
+    check_keys,
+    check_run_name,
+    check_seed,
+)
+from pipeline.run.errors import ConfigError, UnknownFamilyError
+from pipeline.run.families import family_of_config
+from pipeline.training.schedules import resolve_warmup
+from tokenizer import TokenizerSpec
+
+log = logging.getLogger(__name__)
+
+# The longest position table allowed, as a multiple of the trained sequence length (BERT: 512/128).
+UNTRAINED_POSITIONS_RATIO = 4
+PRECISIONS = (None, "32", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
+
+
+@dataclass
+class RunPlan:
+    """The checked parts of a pretraining run."""
+
+    family: str
+    model: BertConfig | GPTConfig
+    tokenizer: TokenizerSpec
+    objective: MaskedLMObjective | CausalLMObjective
+    corpus: Any
+
+
+def build(key: str, node: DictConfig, **kwargs: Any) -> Any:
+    """Instantiate config node `key`, turning a constructor's complaint into a ConfigError."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, (ValueError, CorpusError)):
+            raise ConfigError(str(cause)) from cause
+        if isinstance(cause, TypeError):  # an unknown or misspelled field
+            raise ConfigError(f"{key}: {cause}; check the field names under {key}.") from cause
+        raise ConfigError(f"{key}: cannot build {node.get('_target_')}: {err}") from err
+
+
+def check_config(cfg: DictConfig) -> RunPlan:
+    """Validate a composed pretraining config and build its parts.
+
+    Raises:
+        ConfigError: a missing required value, an invalid value, or parts that do not fit
+            together (e.g. a BERT model with a BPE tokenizer).
+    """
+    missing = sorted(k for k in OmegaConf.missing_keys(cfg) if not k.startswith("hydra"))
+    if missing:
+        raise ConfigError(
+            f"required config value(s) not set: {', '.join(missing)}; give them on the command "
+            f"line, e.g. make pretrain data=text_files data.paths='corpus/*.txt'"
+        )
+    _check_setting_keys(cfg)
+    model = build("model", cfg.model)
+    tokenizer = build("tokenizer", cfg.tokenizer)
+    objective = build("objective", cfg.objective)
+    try:
+        family = family_of_config(model)
+    except UnknownFamilyError as err:
+        raise ConfigError(f"model: {err}") from err
+    if tokenizer.kind != family.tokenizer_kind:
+        raise ConfigError(
+            f"tokenizer.kind={tokenizer.kind!r} does not fit a {family.name} model, which needs "
+            f"{family.tokenizer_kind!r}; drop the tokenizer override or choose "
+            f"tokenizer={family.tokenizer_kind}"
+        )
+    if not isinstance(objective, family.objective_class):
+        raise ConfigError(
+            f"objective {type(objective).__name__} does not fit a {family.name} model; drop the "
+            "objective override (model=... selects the matching objective)"
+        )
+    _check_phases(objective, model.max_seq_len, cfg.trainer)
+    _check_optimizer(cfg.optim)
+    _check_muon(cfg.optim, cfg.trainer)
+    _check_probe(cfg.get("probe"), cfg.trainer)
+    _check_word_vectors(cfg.get("word_vectors"), cfg.trainer)
+    _check_output_bias(cfg.get("output_bias", "zeros"), family.name, cfg.trainer)
+    _check_trainer(cfg.trainer)
+    _check_budget(cfg.trainer, cfg.schedule)
+    _check_run(cfg)
+    try:
+        resolve_warmup(cfg.trainer.max_steps, cfg.schedule.warmup_steps, cfg.schedule.warmup_ratio)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    corpus = build("data", cfg.data)
+    return RunPlan(family.name, model, tokenizer, objective, corpus)
+
+
+# The settings read one by one from the `checkpoint` and `module` nodes of a pretraining config.
+CHECKPOINT_KEYS = ("every_n_steps", "keep_last", "keep_best")
+MODULE_KEYS = ("max_nonfinite_steps", "compile")
+# What `pipeline.pretrain.run.build_datamodule` passes to the datamodule besides `datamodule.*`.
+DATAMODULE_ARGUMENTS = (
+    "corpus",
+    "tokenizer",
+    "objective",
+    "cache_dir",
+    "seed",
+    "micro_batches",
+    "max_steps",
+)
+
+
+def _check_setting_keys(cfg: DictConfig) -> None:
+    """Every key of the nodes a pretraining run builds its parts from is one that their
+    constructor takes (`check_keys`)."""
+    for key in ("model", "tokenizer", "objective", "data", "logger"):
+        check_keys(key, cfg.get(key))
+    check_keys("optim", cfg.optim, supplied=OPTIMIZER_ARGUMENTS)
+    check_keys("schedule", cfg.schedule, supplied=SCHEDULE_ARGUMENTS)
+    check_keys(
+        "trainer",
+        cfg.trainer,
+        supplied=(*TRAINER_ARGUMENTS, "reload_dataloaders_every_n_epochs"),
+        extra=("budget",),
+    )
+    check_keys("datamodule", cfg.datamodule, PretrainDataModule, supplied=DATAMODULE_ARGUMENTS)
+    check_keys("checkpoint", cfg.checkpoint, accepted=CHECKPOINT_KEYS)
+    check_keys("module", cfg.module, accepted=MODULE_KEYS)
+    check_keys("probe", cfg.get("probe"))  # its tasks
+
+
+def _check_phases(objective: Objective, max_seq_len: int, trainer: DictConfig) -> None:
+    """Every phase of the objective fits the model's positions and gets steps; phases split
+    `trainer.max_steps`, which a time budget leaves open."""
+    if objective.phases and trainer.get("budget") is not None:
+        raise ConfigError(
+            f"objective.phases split trainer.max_steps, but trainer.budget={trainer.budget} "
+            "decides the steps as the run goes; give the run a step count "
+            "(trainer.budget=null trainer.max_steps=N) or drop the phases (objective.phases=null)"
+        )
+    try:
+        phases = phase_plan(objective, trainer.max_steps)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    for phase in phases:
+        seq_len = phase.objective.seq_len
+        if seq_len > max_seq_len:
+            where = f"objective.phases[{phase.index}]" if objective.phases else "objective"
+            raise ConfigError(
+                f"{where}.seq_len={seq_len} exceeds model.max_seq_len={max_seq_len}; lower the "
+                "first or raise the second"
+            )
+    _check_positions(max_seq_len, longest_seq_len(objective))
+
+
+def _check_positions(max_seq_len: int, seq_len: int) -> None:
+    """Warn about a position table far longer than the sequences trained: its rows past
+    `seq_len` are parameters (BERT) or a context (GPT) that training never reaches.
+
+    Up to `UNTRAINED_POSITIONS_RATIO` times the trained length passes quietly, as BERT's recipe
+    builds a 512-position table and trains it at 128 tokens before a short 512-token phase (and
+    `objective.seq_len=64` on a preset is a common small-budget choice); fine-tuning warns
+    beyond the length trained, which checkpoints record.
+    """
+    if max_seq_len > UNTRAINED_POSITIONS_RATIO * seq_len:
+        log.warning(
+            "model.max_seq_len=%d is more than %dx the objective.seq_len=%d tokens trained: "
+            "positions %d-%d will never be trained (and only cost memory); set "
+            "model.max_seq_len=%d, or train longer sequences with objective.seq_len=%d",
+            max_seq_len,
+            UNTRAINED_POSITIONS_RATIO,
+            seq_len,
+            seq_len,
+            max_seq_len - 1,
+            seq_len,
+            max_seq_len,
+        )
+
+
+def _check_budget(trainer: DictConfig, schedule: DictConfig) -> None:
+    """A time budget paces the schedule (pipeline/pretrain/budget.py): it replaces `max_time`, and the
+    warmup must be a fraction of the run, whose length in steps is not known in advance."""
+    try:
+        seconds = budget_seconds(trainer)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    if seconds is None:
+        return
+    if trainer.max_time is not None:
+        raise ConfigError(
+            f"trainer.budget={trainer.budget} and trainer.max_time={trainer.max_time} are both "
+            "set; keep one: the budget also stops the run at its deadline (trainer.max_time=null)"
+        )
+    if schedule.get("warmup_steps") is not None:
+        raise ConfigError(
+            f"schedule.warmup_steps={schedule.warmup_steps} is a step count, but a run with "
+            "trainer.budget does not know its steps in advance; give the warmup as a fraction "
+            "of the run: schedule.warmup_steps=null schedule.warmup_ratio=0.05"
+        )
+
+
+def _check_muon(optim: DictConfig, trainer: DictConfig) -> None:
+    """Muon orthogonalizes whole weight matrices, which FSDP shards (pipeline/training/muon.py)."""
+    if not str(optim.get("_target_", "")).endswith("MuonWithAdamW"):
+        return
+    if _shards_weights(trainer):
+        raise ConfigError(
+            "optim=muon needs whole weight matrices, which trainer=fsdp shards; use trainer=ddp "
+            "with optim=muon, or an AdamW optimizer with FSDP (optim=adamw_gpt)"
+        )
+    if optim.get("momentum", 0) < 0 or optim.get("momentum", 0) >= 1:
+        raise ConfigError(f"optim.momentum must be in [0, 1), got {optim.momentum}")
+    if optim.get("adjust_lr_fn") not in (None, "original", "match_rms_adamw"):
+        raise ConfigError(
+            f"optim.adjust_lr_fn={optim.adjust_lr_fn!r} is not one of match_rms_adamw (Muon's "
+            "update at AdamW's RMS: the same lr works), original, or null"
+        )
+
+
+def _shards_weights(trainer: DictConfig) -> bool:
+    """Whether the trainer's strategy is FSDP (each process holds a shard of every weight)."""
+    strategy = trainer.get("strategy")
+    return isinstance(strategy, DictConfig) and "fsdp" in str(strategy.get("_target_", ""))
+
+
+def _refuse_sharded(trainer: DictConfig, setting: str, drop: str) -> None:
+    """A ConfigError for `setting`, which needs whole weights on each process, under FSDP."""
+    if _shards_weights(trainer):
+        raise ConfigError(
+            f"{setting} is not supported with trainer=fsdp (sharded weights); use trainer=ddp, "
+            f"or {drop}"
+        )
+
+
+def _check_word_vectors(node: DictConfig | None, trainer: DictConfig) -> None:
+    """Word vectors overwrite the whole embedding matrix on each process
+    (pipeline/pretrain/word_vectors.py)."""
+    if node is None:
+        return
+    _refuse_sharded(trainer, "word_vectors=ppmi", "drop it (word_vectors=null)")
+    window = node.get("window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ConfigError(f"word_vectors.window={window!r}: use a positive integer, e.g. 5")
+
+
+def _check_output_bias(choice: object, family: str, trainer: DictConfig) -> None:
+    """`output_bias=unigram` sets BERT's masked-LM bias, whole, on each process
+    (pipeline/pretrain/corpus_init.py)."""
+    if choice not in OUTPUT_BIAS_CHOICES:
+        raise ConfigError(
+            f"output_bias={choice!r}: use one of {', '.join(OUTPUT_BIAS_CHOICES)}, e.g. "
+            "output_bias=unigram"
+        )
+    if choice == "zeros":
+        return
+    if family != "bert":
+        raise ConfigError(
+            f"output_bias={choice} needs an output bias, and a {family} model's output layer has "
+            "none (the Llama layout); drop it (output_bias=zeros)"
+        )
+    _refuse_sharded(trainer, f"output_bias={choice}", "drop it (output_bias=zeros)")
+
+
+# How to run without the probes a command asked for (they are off unless `probe=` is given;
+# Hydra refuses `probe=null` for a config group).
+WITHOUT_PROBES = "drop probe=... from the command to run without probes"
+
+
+def _check_probe(probe: DictConfig | None, trainer: DictConfig) -> None:
+    """Probes run a forward pass of the whole model outside Lightning's loop (pipeline/pretrain/probe.py)."""
+    if probe is None:
+        return
+    _refuse_sharded(trainer, "probe=...", WITHOUT_PROBES)
+    if not probe.get("tasks"):
+        raise ConfigError(f"probe.tasks is empty: name at least one task, or {WITHOUT_PROBES}")
+    for key in ("every_n_steps", "train_examples", "dev_examples", "batch_size"):
+        value = probe.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"probe.{key}={value!r}: use a positive integer")
+
+
+def _check_optimizer(optim: DictConfig) -> None:
+    if not optim.lr > 0:
+        raise ConfigError(f"optim.lr must be > 0, got {optim.lr}; e.g. optim.lr=1e-4")
+    if optim.get("weight_decay", 0) < 0:
+        raise ConfigError(f"optim.weight_decay must be >= 0, got {optim.weight_decay}")
+    for i, beta in enumerate(optim.get("betas") or []):
+        if not 0 <= beta < 1:
+            raise ConfigError(f"optim.betas[{i}] must be in [0, 1), got {beta}")
+    if optim.get("eps", 1) <= 0:
+        raise ConfigError(f"optim.eps must be > 0, got {optim.eps}")
+
+
+def _check_run(cfg: DictConfig) -> None:
+    """Checkpointing, the non-finite guard and resume."""
+    at_least = {
+        "checkpoint.every_n_steps": (cfg.checkpoint.every_n_steps, 1),
+        "checkpoint.keep_last": (cfg.checkpoint.keep_last, 1),
+        "checkpoint.keep_best": (cfg.checkpoint.keep_best, 0),
+        "module.max_nonfinite_steps": (cfg.module.max_nonfinite_steps, 1),
+    }
+    for key, (value, low) in at_least.items():
+        if not isinstance(value, int) or value < low:
+            raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
+    check_seed(cfg.seed)
+    check_run_name(cfg.run_name)
+    if cfg.resume is not None and not str(cfg.resume):
+        raise ConfigError("resume is empty; use resume=auto, a *.ckpt file or a run folder")
+
+
+def _check_trainer(trainer: DictConfig) -> None:
+    if not isinstance(trainer.max_steps, int) or trainer.max_steps <= 0:
+        raise ConfigError(
+            f"trainer.max_steps must be a positive integer (the schedule needs the run length), "
+            f"got {trainer.max_steps}"
+        )
+    if trainer.accumulate_grad_batches < 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches must be >= 1, got {trainer.accumulate_grad_batches}"
+        )
+    interval = trainer.val_check_interval
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        raise ConfigError(
+            f"trainer.val_check_interval must be a whole number of optimizer steps, got "
+            f"{interval!r}; e.g. trainer.val_check_interval=100"
+        )
+    if isinstance(trainer.get("strategy"), DictConfig):  # a strategy factory (trainer=fsdp)
+        build("trainer.strategy", trainer.strategy)
+    precision = None if trainer.precision is None else str(trainer.precision)
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            f"trainer.precision={trainer.precision!r} is not one of "
+            f"{[p for p in PRECISIONS if p]} (or null for the best on this hardware)"
+        )

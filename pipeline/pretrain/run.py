@@ -1,0 +1,290 @@
+"""Pretraining a BERT or GPT on a corpus (the library behind `make pretrain`,
+pipeline/commands/pretrain.py).
+
+`train(cfg, plan)` gets the tokenizer (cached), builds the token store (cached), trains with
+Lightning, checkpoints atomically, exports the final model in Hugging Face format and prints
+where everything is; `assemble` builds the LightningModule, datamodule and Trainer of a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import shlex
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer
+
+from datamodules.objective import trained_seq_len
+from datamodules.pretrain import PretrainDataModule
+from models.hf import export_hf
+from pipeline.checkpoint.interrupt import GracefulStop
+from pipeline.checkpoint.load import CheckpointSource, load_pretrained
+from pipeline.checkpoint.saving import (
+    AtomicCheckpointIO,
+    CheckpointExtras,
+    check_compatible,
+    checkpoint_callbacks,
+    resume_checkpoint,
+)
+from pipeline.finetune.run import task_from
+from pipeline.pretrain.budget import Pace, TimeBudget, budget_seconds
+from pipeline.pretrain.checks import WITHOUT_PROBES, RunPlan
+from pipeline.pretrain.corpus_init import CorpusInit
+from pipeline.pretrain.modules import PretrainModule
+from pipeline.pretrain.probe import Probe
+from pipeline.run.errors import ConfigError
+from pipeline.run.families import family_named
+from pipeline.run.folder import attempt_record, first_process
+from pipeline.run.launcher import launcher_rank
+from pipeline.training.callbacks import Throughput, ValidateLastStep
+from pipeline.training.loggers import (
+    build_loggers,
+    log_run_end,
+    log_run_start,
+    progress_bar,
+    tokenizer_fingerprint,
+)
+from pipeline.training.precision import best_precision
+from tokenizer import get_tokenizer, warn_if_short_vocabulary
+
+log = logging.getLogger(__name__)
+
+
+def trainer_arguments(trainer: DictConfig) -> dict:
+    """The `trainer` config as Lightning's Trainer takes it (`budget` is the run's own)."""
+    arguments = OmegaConf.to_container(trainer, resolve=True)
+    arguments.pop("budget", None)
+    return arguments
+
+
+def build_trainer(
+    cfg: DictConfig,
+    run_dir: Path,
+    extras: L.Callback,
+    *,
+    budget: TimeBudget | None = None,
+    probe: Probe | None = None,
+    corpus_init: CorpusInit | None = None,
+    resumed: CheckpointSource | None = None,
+) -> L.Trainer:
+    """The Trainer of a run; `budget`: the callback that sizes a run with a time budget;
+    `probe`: downstream probes; `corpus_init`: the weights a fresh run counts from its corpus
+    (word vectors, output bias); `resumed`: the checkpoint the run resumes from, already read
+    (Lightning gets its contents instead of reading the file again; its wandb run is
+    continued, pipeline/training/loggers.py)."""
+    resume_id = resumed.record.wandb.get("id") if resumed is not None else None
+    accumulate = cfg.trainer.accumulate_grad_batches
+    # optimizer steps -> the micro-batches Lightning counts
+    val_every = cfg.trainer.val_check_interval * accumulate
+    loggers = build_loggers(cfg, run_dir, job_type="pretrain", resume_id=resume_id)
+    return instantiate(
+        trainer_arguments(cfg.trainer),
+        precision=cfg.trainer.precision or best_precision(),
+        val_check_interval=val_every,
+        # an objective phase ends its epoch at its last step; the next epoch's loader is the
+        # next phase's (datamodules/pretrain.py)
+        reload_dataloaders_every_n_epochs=1 if cfg.objective.get("phases") else 0,
+        # a backstop: the budget's plan ends the run before it
+        max_time=timedelta(seconds=budget.seconds) if budget else cfg.trainer.max_time,
+        logger=loggers or False,
+        callbacks=[
+            Throughput(),
+            extras,
+            *([budget] if budget else []),
+            *([corpus_init] if corpus_init else []),
+            *([probe] if probe else []),
+            ValidateLastStep(),
+            GracefulStop(),
+            *progress_bar(cfg.trainer),
+            *checkpoint_callbacks(run_dir, **cfg.checkpoint),
+        ],
+        plugins=[AtomicCheckpointIO(already_read=resumed)],
+    )
+
+
+def sized_model_config(plan: RunPlan, tokenizer: Tokenizer):
+    """The run's model config with the vocabulary size its tokenizer needs."""
+    return dataclasses.replace(
+        plan.model,
+        vocab_size=family_named(plan.family).model_vocab_size(tokenizer.get_vocab_size()),
+    )
+
+
+def build_datamodule(cfg: DictConfig, plan: RunPlan, tokenizer: Tokenizer) -> PretrainDataModule:
+    """The run's datamodule: its corpus and objective, batches of whole optimizer steps."""
+    return PretrainDataModule(
+        plan.corpus,
+        tokenizer,
+        plan.objective,
+        cfg.paths.cache_dir,
+        seed=cfg.seed,
+        micro_batches=cfg.trainer.accumulate_grad_batches,
+        max_steps=cfg.trainer.max_steps,
+        **cfg.datamodule,
+    )
+
+
+def assemble(
+    cfg: DictConfig,
+    plan: RunPlan,
+    tokenizer: Tokenizer,
+    run_dir: Path,
+    *,
+    resumed: CheckpointSource | None = None,
+) -> tuple[PretrainModule, PretrainDataModule, L.Trainer]:
+    """The LightningModule, datamodule and Trainer of a run, as the config describes them
+    (`resumed`: the checkpoint a resumed run continues, already read)."""
+    model_config = sized_model_config(plan, tokenizer)
+    datamodule = build_datamodule(cfg, plan, tokenizer)
+    # a run with a time budget paces its schedule by the steps the budget holds
+    seconds = budget_seconds(cfg.trainer)
+    pace = Pace(cfg.trainer.max_steps) if seconds is not None else None
+    module = family_named(plan.family).pretraining_module()(
+        model_config,
+        optimizer=instantiate(cfg.optim),
+        scheduler=instantiate(cfg.schedule, pace=pace),
+        max_nonfinite_steps=cfg.module.max_nonfinite_steps,
+    )
+    if cfg.module.compile:
+        module.model.compile()  # in place: parameter names (and checkpoints) stay the same
+    extras = CheckpointExtras(
+        tokenizer,
+        OmegaConf.to_container(cfg, resolve=True),
+        trained_seq_len=functools.partial(trained_seq_len, datamodule.phases),
+    )
+    budget = TimeBudget(seconds, pace) if pace is not None else None
+    probe = build_probe(cfg.get("probe"), tokenizer, plan)
+    corpus_init = build_corpus_init(cfg) if resumed is None else None  # else the checkpoint's
+    trainer = build_trainer(
+        cfg,
+        run_dir,
+        extras,
+        budget=budget,
+        probe=probe,
+        corpus_init=corpus_init,
+        resumed=resumed,
+    )
+    return module, datamodule, trainer
+
+
+def build_corpus_init(cfg: DictConfig) -> CorpusInit | None:
+    """The weights a fresh run counts from its training documents (`word_vectors=ppmi`,
+    `output_bias=unigram`, pipeline/pretrain/corpus_init.py); None when it counts none."""
+    vectors = cfg.get("word_vectors")
+    window = vectors.window if vectors is not None else None
+    unigram_bias = cfg.get("output_bias", "zeros") == "unigram"
+    return CorpusInit(window, unigram_bias) if window is not None or unigram_bias else None
+
+
+def build_probe(node: DictConfig | None, tokenizer: Tokenizer, plan: RunPlan) -> Probe | None:
+    """The run's downstream probes (`probe=glue`), their data read and encoded now, so that a
+    missing task file stops the run before it trains; None without `probe`."""
+    if node is None:
+        return None
+    try:
+        return Probe(
+            [task_from(task) for task in node.tasks.values()],
+            tokenizer,
+            seq_len=plan.objective.seq_len,
+            every_n_steps=node.every_n_steps,
+            train_examples=node.train_examples,
+            dev_examples=node.dev_examples,
+            batch_size=node.batch_size,
+        )
+    except ValueError as err:  # TaskDataError (a missing file, a bad column), ConfigError
+        raise ConfigError(f"probe: {err}; or {WITHOUT_PROBES}") from err
+
+
+def resumed_tokenizer(resumed: CheckpointSource | None, cfg: DictConfig) -> Tokenizer | None:
+    """The tokenizer a resumed checkpoint was trained with, when this run's tokenizer and data
+    settings are those it records (else None: the run gets its tokenizer as a fresh one would,
+    and `check_compatible` names any difference). Retraining it could differ: WordPiece
+    training breaks ties differently between processes, and caches may have been cleared."""
+    record = resumed.record if resumed is not None else None
+    if record is None or record.tokenizer is None:
+        return None
+    ours = OmegaConf.to_container(cfg, resolve=True)
+    if any(record.config.get(key) != ours.get(key) for key in ("tokenizer", "data")):
+        return None
+    log.info("resuming with the tokenizer stored in the checkpoint")
+    return record.stored_tokenizer(resumed.path)
+
+
+def train(cfg: DictConfig, plan: RunPlan) -> None:
+    L.seed_everything(cfg.seed, workers=True)
+    run_dir = Path(cfg.paths.output_dir)
+    # read once: the compatibility checks below and Lightning's restore share its contents
+    resumed = resume_checkpoint(cfg.resume, run_dir, first_process=first_process())
+    resume_from = resumed.path if resumed is not None else None
+    tokenizer = resumed_tokenizer(resumed, cfg)
+    if tokenizer is None:
+        tokenizer = get_tokenizer(
+            plan.tokenizer, plan.corpus, cfg.paths.cache_dir, may_train=launcher_rank() == 0
+        )
+    elif first_process() and plan.tokenizer.path is None:  # trained for this run's settings
+        warn_if_short_vocabulary(plan.tokenizer, tokenizer)
+    module, datamodule, trainer = assemble(cfg, plan, tokenizer, run_dir, resumed=resumed)
+    if resumed is not None:
+        check_compatible(resumed.contents, module.model_config, tokenizer)
+    if first_process():
+        # a corpus too small for the run fails here, before the run folder holds anything
+        datamodule.check_documents(trainer.world_size)
+    if trainer.is_global_zero:
+        tokenizer.save(str(run_dir / "tokenizer.json"))
+        log_run_start(
+            trainer.loggers,
+            cfg,
+            parameters=module.parameter_count(),
+            flops_per_token=module.flops_per_token,
+            data_fingerprint=plan.corpus.fingerprint(),
+            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        )
+        print(f"{plan.family} model, {module.parameter_count():,} parameters; run folder {run_dir}")
+        if resumed is not None:
+            print(f"resuming from {resumed.path} (step {resumed.contents['global_step']})")
+    # A signal ends `fit` with `TrainingInterrupted` (pipeline/checkpoint/interrupt.py), for the command.
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+    if trainer.is_global_zero:
+        # From the final checkpoint, which holds the whole model under any strategy (under
+        # FSDP each process only holds a shard of `module.model`).
+        final = load_pretrained(trainer.checkpoint_callback.last_model_path)
+        export_dir = export_hf(final.model, run_dir / "hf", tokenizer=tokenizer)
+        tracking = log_run_end(trainer.loggers, hf_export=str(export_dir))
+        print_summary(trainer, run_dir, export_dir, plan.family, tracking)
+
+
+def print_summary(
+    trainer: L.Trainer,
+    run_dir: Path,
+    export_dir: Path,
+    family: str,
+    tracking: dict[str, str] | None = None,
+) -> None:
+    """Where everything is and what to run next; `tracking`: from `log_run_end` (the wandb
+    run's URL, or the command that uploads an offline run)."""
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()) if k.startswith("val/"))
+    last = trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else ""
+    print(f"\nfinished {trainer.global_step} steps" + (f": {shown}" if shown else ""))
+    places = {
+        "checkpoint": Path(last) if last else None,
+        "HF export": export_dir,
+        "metrics": run_dir / "logs" / "metrics.csv",
+        "config": attempt_record(run_dir),
+    }
+    for label, path in places.items():
+        if path is not None and path.exists():  # e.g. no metrics file when loggers are off
+            print(f"  {label:<11} {path}")
+    for label, value in (tracking or {}).items():
+        print(f"  {label:<11} {value}")
+    target, example = family_named(family).try_command
+    print(f"next: {shlex.join(['make', target, f'ckpt={run_dir}', example])}")
+    print(f"      or load {export_dir} with transformers.{family_named(family).hf_auto_class}")
+    if places["metrics"].exists():
+        print(f"report: {shlex.join(['make', 'report', f'run={run_dir}'])}")

@@ -1,0 +1,46 @@
+"""Every error class the pipeline raises for a user to read, in one place, so that any module (and
+the CLI, which prints them as one line) can name them without importing what raises them.
+
+The message of each names the offending value and a fix that works when pasted.
+"""
+
+
+class ConfigError(ValueError):
+    """A config value is missing or invalid; the message names the key and the fix."""
+
+
+class RunFolderBusyError(ConfigError):
+    """Another process holds the run folder's lock."""
+
+
+class UnknownFamilyError(KeyError):
+    """No registered family matches a name, config or model."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; this one is a sentence
+        return str(self.args[0])
+
+
+class CheckpointLoadError(ValueError):
+    """A trained model could not be loaded; the message names the path and the fix."""
+
+
+class DamagedCheckpointError(CheckpointLoadError):
+    """A checkpoint file whose bytes are readable but are not a whole checkpoint (truncated,
+    corrupt): damaged for good, unlike a file the system failed to read (EIO, a lost NFS
+    mount), which may read on the next try."""
+
+
+class WrongFamilyError(CheckpointLoadError):
+    """The model is of the other family (a BERT where a GPT is needed, or the reverse)."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive steps had a non-finite loss or gradient."""
+
+
+class ResultsError(ValueError):
+    """A results.json that cannot be read as a fine-tuning run's record."""
+
+
+class SuiteRecordError(ValueError):
+    """A suite folder's record (glue_suite.json) that cannot be read."""

@@ -1,0 +1,149 @@
+"""The model families (BERT, GPT, and any added later): one record each, in one registry.
+
+Everything the pipeline knows about a family is in its `Family` record, and every other module
+asks the registry instead of branching on a family's name or class: the config check (which
+tokenizer and objective fit the model), pretraining (the LightningModule, the vocabulary
+padding, the "try it next" command), checkpoints (the `model_config` entry names the family;
+loading builds its config and model classes), fine-tuning (the backbone class a task head sits
+on) and HF folders (which family a loaded model or tokenizer belongs to).
+
+A new family is one `register(Family(...))` call: with its config dataclass, model classes,
+objective and LightningModule, the generic paths (config check, checkpoint save and load, the
+checkpoint resolver) work for it without touching any other pipeline module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hydra.utils import get_object
+from torch import nn
+
+from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from models.bert import BertForPreTraining, BertLayer, BertModel
+from models.config import BertConfig, GPTConfig, round_up
+from models.gpt import GPT, GPTBlock, GPTModel
+from pipeline.run.errors import UnknownFamilyError
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family.
+
+    Attributes:
+        name: how checkpoints and messages name it ("bert").
+        config_class: its architecture dataclass (`BertConfig`), built from `conf/model/`.
+        model_class: the pretrained model a checkpoint holds (`BertForPreTraining`).
+        backbone_class: the model without its pretraining heads, which a task head sits on
+            (`BertModel`); the same as `model_class` when it has none.
+        block_class: its repeated transformer block (`BertLayer`), the unit FSDP shards and
+            activation checkpointing recomputes.
+        tokenizer_kind: the tokenizer it trains with ("wordpiece" or "bpe"; a tokenizer's own
+            kind is `tokenizer.tokenizer_kind`).
+        objective_class: the pretraining objective it trains with (`MaskedLMObjective`).
+        module_class: the LightningModule that pretrains it, or its import path
+            ("package.module.Class", like a config's `_target_`): the registry sits below the
+            LightningModules (they and everything else ask it), so it names them by path and
+            `pretraining_module()` imports the class when a run builds one.
+        vocab_multiple: embedding rows are padded to a multiple of this (fast matmuls; BERT
+            keeps 1 so its exports match the tokenizer).
+        try_command: the make target and free-text argument that try a trained model.
+        hf_auto_class: the `transformers` auto class that loads its HF export.
+    """
+
+    name: str
+    config_class: type
+    model_class: type[nn.Module]
+    backbone_class: type[nn.Module]
+    block_class: type[nn.Module]
+    tokenizer_kind: str
+    objective_class: type
+    module_class: type[Any] | str
+    vocab_multiple: int
+    try_command: tuple[str, str]
+    hf_auto_class: str
+
+    def pretraining_module(self) -> type[Any]:
+        """The LightningModule class that pretrains this family."""
+        if isinstance(self.module_class, str):
+            return get_object(self.module_class)
+        return self.module_class
+
+    def model_vocab_size(self, tokenizer_vocab: int) -> int:
+        """Embedding rows for a tokenizer of `tokenizer_vocab` tokens."""
+        return round_up(tokenizer_vocab, self.vocab_multiple)
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Add a family (a new name, or a new record under an existing one) and return it."""
+    _REGISTRY[family.name] = family
+    return family
+
+
+def unregister(name: str) -> None:
+    """Remove a family (tests that register a toy one clean up with this)."""
+    _REGISTRY.pop(name, None)
+
+
+def families() -> list[Family]:
+    return list(_REGISTRY.values())
+
+
+def family_named(name: object) -> Family:
+    if name not in _REGISTRY:
+        raise UnknownFamilyError(
+            f"model family {name!r} is not one of {', '.join(sorted(_REGISTRY))}", name
+        )
+    return _REGISTRY[name]
+
+
+def family_of_config(config: object) -> Family:
+    """The family whose architecture dataclass `config` is."""
+    for family in _REGISTRY.values():
+        if isinstance(config, family.config_class):
+            return family
+    raise UnknownFamilyError(f"no model family has the config type {type(config).__name__}")
+
+
+def family_of_model(model: nn.Module) -> Family:
+    """The family of a model or a backbone."""
+    for family in _REGISTRY.values():
+        if isinstance(model, (family.model_class, family.backbone_class)):
+            return family
+    raise UnknownFamilyError(f"no model family has the model type {type(model).__name__}")
+
+
+register(
+    Family(
+        name="bert",
+        config_class=BertConfig,
+        model_class=BertForPreTraining,
+        backbone_class=BertModel,
+        block_class=BertLayer,
+        tokenizer_kind="wordpiece",
+        objective_class=MaskedLMObjective,
+        module_class="pipeline.pretrain.modules.BertPretraining",
+        vocab_multiple=1,
+        try_command=("fill-mask", "text=The capital of France is [MASK]."),
+        hf_auto_class="AutoModelForPreTraining",
+    )
+)
+register(
+    Family(
+        name="gpt",
+        config_class=GPTConfig,
+        model_class=GPT,
+        backbone_class=GPTModel,
+        block_class=GPTBlock,
+        tokenizer_kind="bpe",
+        objective_class=CausalLMObjective,
+        module_class="pipeline.pretrain.modules.GPTPretraining",
+        vocab_multiple=64,
+        try_command=("generate", "prompt=The history of"),
+        hf_auto_class="AutoModelForCausalLM",
+    )
+)

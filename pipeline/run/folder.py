@@ -1,0 +1,163 @@
+"""A run folder's record is never overwritten by an attempt that is refused.
+
+Hydra writes `.hydra/config.yaml`, `overrides.yaml` and starts the job's log file before the
+command's own code runs, so a check made there (a re-run into a folder that holds checkpoints,
+say) would come after the folder's record of what its checkpoints were trained with was
+overwritten. `RunFolderGuard`, a Hydra callback of `make pretrain` and `make finetune`, makes the
+checks that need nothing but the command line before Hydra writes anything:
+
+- the folder is taken for this run (`pipeline/run/lock.py`): a second command for a folder
+  in use stops with one line naming the other's pid and host;
+- `run_name` is one folder name (no `/`, `..`), so a run stays under `outputs/<model>/`;
+- a fresh run into a folder that holds a run is refused (`refuse_overwrite`, which the commands
+  also call themselves, for runs started without Hydra);
+- a resumed pretraining run (or `make glue` suite) keeps the first attempt's `.hydra/` record
+  and writes its own into `.hydra/resume-<time>/`, so a resume refused later (a checkpoint that
+  does not fit the config) leaves the record of the trained run in place.
+
+An attempt refused after Hydra made its folder (a checkpoint that does not exist, a config value
+that the command's own checks refuse) leaves no empty folder behind: `remove_unused_run_folder`,
+called on such an error, removes a folder this attempt created while it holds nothing but
+Hydra's record and the attempt's log.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from pipeline.run.config_keys import check_run_name
+from pipeline.run.errors import ConfigError, RunFolderBusyError
+from pipeline.run.launcher import launcher_rank
+from pipeline.run.lock import LOCK_FILE, lock_run_folder, release_run_folder
+
+Command = Literal["pretrain", "finetune", "glue"]
+RESULTS = "results.json"
+SUITE_RECORD = "glue_suite.json"  # a `make glue` suite folder (pipeline/suites/glue.py)
+CHECKPOINT_DIR = "checkpoints"
+RECORD_DIR = ".hydra"
+
+# The run folder this process's attempt created (set before Hydra writes into it), if any,
+# and the outermost folder the attempt created for it (`outputs/<model>/` on a first run).
+_created_run_dir: Path | None = None
+_created_top: Path | None = None
+
+
+def refuse_overwrite(command: Command, run_dir: Path, resume: Any = None) -> None:
+    """Refuse a fresh run into a folder that already holds one, naming what is there.
+
+    Pretraining continues a run with `resume`; a fine-tuning run folder is never reused.
+    """
+    if command == "pretrain":
+        if resume is not None:
+            return
+        existing = sorted((run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
+        if existing:
+            raise ConfigError(
+                f"run folder {run_dir} already has checkpoints ({existing[-1].name}, ...): pass "
+                "resume=auto to continue that run, or choose another run_name"
+            )
+        return
+    if (run_dir / RESULTS).exists() or (run_dir / CHECKPOINT_DIR).exists():
+        raise ConfigError(
+            f"{run_dir} already holds a fine-tuning run; choose another run_name= (or delete "
+            "the folder) so that its checkpoints and results are not mixed with a new run's"
+        )
+
+
+def resumes_a_run(run_dir: Path, resume: Any) -> bool:
+    """Whether a pretraining attempt continues the run recorded in `run_dir`."""
+    return resume is not None and (run_dir / RECORD_DIR / "config.yaml").is_file()
+
+
+class RunFolderGuard(Callback):
+    """Hydra callback: the checks above, before Hydra writes into the run folder.
+
+    Args:
+        command: which command's folder this is ("pretrain" or "finetune").
+    """
+
+    def __init__(self, command: Command) -> None:
+        self.command = command
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.output_subdir is None:  # a command that keeps no run record
+            return
+        if not first_process():  # the other processes of a run leave its record to the first
+            with read_write(config.hydra), open_dict(config.hydra):
+                config.hydra.output_subdir = None
+            return
+        HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in the folder name
+        global _created_run_dir, _created_top
+        try:
+            check_run_name(config.get("run_name"))
+            run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+            missing = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+            # refused before the lock too, so that a refused attempt leaves the folder as it was
+            refuse_overwrite(self.command, run_dir, config.get("resume"))
+            lock_run_folder(run_dir, self.command)  # before anything is read or written there
+            _created_run_dir = run_dir if missing else None
+            _created_top = missing[-1] if missing else None
+            # and again: a run that held the folder until now may have written a run there
+            refuse_overwrite(self.command, run_dir, config.get("resume"))
+        except ConfigError as err:
+            if not isinstance(err, RunFolderBusyError):  # the folder is the other run's
+                remove_unused_run_folder()
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        if (self.command == "pretrain" and resumes_a_run(run_dir, config.get("resume"))) or (
+            self.command == "glue" and (run_dir / SUITE_RECORD).is_file()
+        ):
+            stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+            with read_write(config.hydra), open_dict(config.hydra):
+                config.hydra.output_subdir = f"{RECORD_DIR}/resume-{stamp}"
+
+
+def remove_unused_run_folder() -> Path | None:
+    """Remove the run folder that this attempt created, if it holds only what Hydra and the
+    command write before any work (`.hydra/`, `*.log`, a suite's record); returns it if removed.
+    Called when the attempt ends on an error in the user's input."""
+    global _created_run_dir, _created_top
+    run_dir, _created_run_dir = _created_run_dir, None
+    top, _created_top = _created_top, None
+    if run_dir is None or not run_dir.is_dir():
+        return None
+    unused = {RECORD_DIR, SUITE_RECORD, LOCK_FILE}
+    for entry in run_dir.iterdir():
+        if entry.name not in unused and entry.suffix != ".log":
+            return None  # the attempt did some work there: keep it
+    release_run_folder(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for parent in run_dir.parents:  # the folders made for it, while nothing else is there
+        if top is None or not parent.is_relative_to(top):
+            break
+        try:
+            parent.rmdir()
+        except OSError:  # another run's folder is there now
+            break
+    return run_dir
+
+
+def first_process() -> bool:
+    """Whether this is the first process of a run (or its only one), the one that writes the
+    run's record and moves damaged files aside: global rank 0 of an external launcher
+    (torchrun, SLURM) and not a process that Lightning's launcher started (LOCAL_RANK > 0)."""
+    return launcher_rank() == 0 and int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+
+def attempt_record(run_dir: Path) -> Path:
+    """The config record of this attempt at the run: `.hydra/config.yaml`, or a resumed
+    attempt's `.hydra/resume-<time>/config.yaml` (outside a Hydra job: the first)."""
+    try:
+        subdir = HydraConfig.get().output_subdir or RECORD_DIR
+    except ValueError:
+        subdir = RECORD_DIR
+    return run_dir / subdir / "config.yaml"

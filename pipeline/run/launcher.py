@@ -1,0 +1,62 @@
+"""How this process was launched: the run stamp that names a run folder (the same in every process
+of a run), the rank an external launcher gave it, and the overrides its command was given.
+
+Library modules ask these; the command-line plumbing (`pipeline.run.cli`) uses them too.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
+RUN_STAMP_ENV = "LMPIPE_RUN_STAMP"
+
+
+def run_stamp() -> str:
+    """Name of this run's folder: the start time, identical in every process of the run.
+
+    The first process to ask records the stamp in the environment, so processes it starts
+    (Lightning's DDP launcher, DataLoader workers) reuse it. Processes started by an external
+    launcher cannot see it, so for them the launcher's own job id names the run: SLURM job and
+    step ids, or the torchrun rendezvous id. `LMPIPE_RUN_STAMP` set by hand always wins.
+    """
+    stamp = os.environ.get(RUN_STAMP_ENV) or _launcher_stamp()
+    if not stamp:
+        stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    os.environ[RUN_STAMP_ENV] = stamp
+    return stamp
+
+
+def _launcher_stamp() -> str | None:
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in os.environ:
+        return f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and run_id != "none":
+        return f"torchrun-{run_id}"
+    return None
+
+
+def launcher_rank() -> int:
+    """This process's global rank as set by an external launcher (torchrun, SLURM), else 0.
+    (Processes that Lightning's own launcher starts come after rank 0 has set things up.)"""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        return int(os.environ.get("SLURM_PROCID", "0"))
+    return 0
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("run_stamp"):
+        OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
+
+
+def command_overrides() -> list[str]:
+    """This job's command-line overrides ([] outside a `@hydra.main` job, e.g. in tests)."""
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []
