@@ -52,26 +52,32 @@ all of their chunks, or `train_chunks` sampled ones per document when training):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 
 import lightning as L
 import numpy as np
-import torch
-from tokenizers import Tokenizer, processors
-from torch.utils.data import DataLoader, Dataset
-from torch.utils.data.distributed import DistributedSampler
+from tokenizers import Tokenizer
+from torch.utils.data import DataLoader
 
-from datamodules.long_text import chunk_document, sample_chunks, truncate
-from datamodules.task_files import Example, read_examples, task_examples
-from datamodules.tasks import LabelMap, TaskDataError, TaskSpec, build_label_map
-from tokenizer import special_ids, tokenizer_kind
-from tokenizer.build import add_bert_template
-from tokenizer.special import EOT
+from datamodules.long_text import chunk_document, truncate
+from datamodules.task_batches import (
+    ChunkCollator,
+    ChunkedSplit,
+    EncodedSplit,
+    EpochShuffleSampler,
+    EvalShardSampler,
+    PadCollator,
+    PairCollator,
+    PairedSplit,
+)
+from datamodules.task_files import read_examples, task_examples
+from datamodules.tasks import Example, LabelMap, TaskDataError, TaskSpec, build_label_map
+from tokenizer import TEMPLATE_BY_KIND, InputTemplate, special_ids, tokenizer_kind
 
 log = logging.getLogger(__name__)
 
 
-def task_tokenizer(tokenizer: Tokenizer, max_seq_len: int) -> Tokenizer:
+def task_tokenizer(tokenizer: Tokenizer, max_seq_len: int, template: InputTemplate) -> Tokenizer:
     """A copy of `tokenizer` that adds the task template and truncates to `max_seq_len`.
 
     The caller's tokenizer is left untouched (it is shared with other components).
@@ -79,215 +85,9 @@ def task_tokenizer(tokenizer: Tokenizer, max_seq_len: int) -> Tokenizer:
     special_ids(tokenizer)  # fail early, with the fix, when special tokens are missing
     copy = Tokenizer.from_str(tokenizer.to_str())
     copy.no_padding()
-    if tokenizer_kind(tokenizer) == "wordpiece":
-        add_bert_template(copy)
-    else:
-        eot_id = copy.token_to_id(EOT)
-        copy.post_processor = processors.TemplateProcessing(
-            single=f"$A:0 {EOT}:0",
-            pair=f"$A:0 {EOT}:0 $B:0 {EOT}:0",
-            special_tokens=[(EOT, eot_id)],
-        )
+    template.apply(copy)
     copy.enable_truncation(max_length=max_seq_len, strategy="longest_first")
     return copy
-
-
-class EncodedSplit(Dataset):
-    """The encoded examples of one split, as flat token arrays plus offsets.
-
-    Items are example indices; `PadCollator` turns a list of them into a batch.
-    """
-
-    def __init__(self, ids: list[list[int]], type_ids: list[list[int]], labels: np.ndarray):
-        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-        self.offsets = np.concatenate([[0], np.cumsum(lengths)])
-        self.ids = np.fromiter((t for x in ids for t in x), dtype=np.int32, count=lengths.sum())
-        self.type_ids = np.fromiter(
-            (t for x in type_ids for t in x), dtype=np.int8, count=lengths.sum()
-        )
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> int:
-        return index
-
-    def length(self, index: int) -> int:
-        return int(self.offsets[index + 1] - self.offsets[index])
-
-
-class PadCollator:
-    """Builds a right-padded batch (padded to its longest sequence) from example indices."""
-
-    def __init__(self, split: EncodedSplit, pad_id: int) -> None:
-        self.split, self.pad_id = split, pad_id
-
-    def __call__(self, items: Sequence[int]) -> dict[str, torch.Tensor]:
-        split = self.split
-        indices = np.fromiter(items, dtype=np.int64, count=len(items))
-        starts, ends = split.offsets[indices], split.offsets[indices + 1]
-        width = int((ends - starts).max())
-        input_ids = np.full((len(indices), width), self.pad_id, dtype=np.int64)
-        type_ids = np.zeros((len(indices), width), dtype=np.int64)
-        mask = np.zeros((len(indices), width), dtype=np.int64)
-        for row, (start, end) in enumerate(zip(starts, ends, strict=True)):
-            n = end - start
-            input_ids[row, :n] = split.ids[start:end]
-            type_ids[row, :n] = split.type_ids[start:end]
-            mask[row, :n] = 1
-        batch = {
-            "input_ids": torch.from_numpy(input_ids),
-            "attention_mask": torch.from_numpy(mask),
-            "token_type_ids": torch.from_numpy(type_ids),
-            "labels": torch.from_numpy(split.labels[indices]),
-            "example_index": torch.from_numpy(indices),
-        }
-        return with_scored(batch, items)
-
-
-class ChunkedSplit(Dataset):
-    """The sliding-window chunks of one split's documents: chunk rows in an `EncodedSplit`
-    (document order) and each document's range of chunk rows.
-
-    Items are document indices, or (document, epoch) pairs from a training sampler;
-    `ChunkCollator` turns a list of them into a batch.
-    """
-
-    def __init__(self, chunks: EncodedSplit, chunks_per_doc: np.ndarray, labels: np.ndarray):
-        self.chunks = chunks
-        self.doc_offsets = np.concatenate([[0], np.cumsum(chunks_per_doc)])
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index):
-        return index
-
-    def doc_chunks(self, doc: int) -> range:
-        return range(int(self.doc_offsets[doc]), int(self.doc_offsets[doc + 1]))
-
-
-class ChunkCollator:
-    """A batch of whole documents: all their chunks, or `train_chunks` of each sampled from
-    (seed, epoch, document) when the items carry the epoch (training)."""
-
-    def __init__(
-        self, split: ChunkedSplit, pad_id: int, seed: int, train_chunks: int | None
-    ) -> None:
-        self.split, self.seed, self.train_chunks = split, seed, train_chunks
-        self.pad = PadCollator(split.chunks, pad_id)
-
-    def __call__(self, items: Sequence[int | tuple[int, int]]) -> dict[str, torch.Tensor]:
-        rows: list[int] = []
-        chunk_doc: list[int] = []
-        docs: list[int] = []
-        for position, item in enumerate(items):
-            doc, epoch = item if isinstance(item, tuple) else (item, None)
-            chunks = self.split.doc_chunks(doc)
-            if epoch is not None and self.train_chunks is not None:
-                rng = np.random.default_rng([self.seed, epoch, doc])
-                chunks = [chunks[i] for i in sample_chunks(len(chunks), self.train_chunks, rng)]
-            rows.extend(chunks)
-            chunk_doc.extend([position] * len(chunks))
-            docs.append(doc)
-        batch = self.pad(rows)
-        batch["chunk_doc"] = torch.as_tensor(chunk_doc, dtype=torch.int64)
-        batch["labels"] = torch.from_numpy(self.split.labels[docs])
-        batch["example_index"] = torch.as_tensor(docs, dtype=torch.int64)
-        return with_scored(batch, items)
-
-
-class PairedSplit(Dataset):
-    """The examples of a pair task with their two texts encoded apart (a siamese head): rows
-    2i and 2i+1 of `texts` are the texts of example i. Items are example indices;
-    `PairCollator` turns a list of them into a batch of 2B rows."""
-
-    def __init__(self, texts: EncodedSplit, labels: np.ndarray) -> None:
-        self.texts, self.labels = texts, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> int:
-        return index
-
-
-class PairCollator:
-    """A batch of B pairs as 2B right-padded rows (each pair's two texts side by side), with
-    one label and `example_index` per pair."""
-
-    def __init__(self, split: PairedSplit, pad_id: int) -> None:
-        self.split = split
-        self.pad = PadCollator(split.texts, pad_id)
-
-    def __call__(self, items: Sequence[int]) -> dict[str, torch.Tensor]:
-        examples = np.fromiter(items, dtype=np.int64, count=len(items))
-        batch = self.pad(np.stack([2 * examples, 2 * examples + 1], axis=1).reshape(-1).tolist())
-        batch["labels"] = torch.from_numpy(self.split.labels[examples])
-        batch["example_index"] = torch.from_numpy(examples)
-        return with_scored(batch, items)
-
-
-# --- sharding across processes (DDP) ---------------------------------------------------------------
-
-
-class Repeat(int):
-    """An example index that a rank's evaluation share repeats only so that every rank runs
-    the same number of batches; it is batched like any other and not scored."""
-
-
-def with_scored(batch: dict[str, torch.Tensor], items: Sequence) -> dict[str, torch.Tensor]:
-    """`batch` with a `scored` mask (False for `Repeat` items) if any item is a `Repeat`."""
-    if any(isinstance(item, Repeat) for item in items):
-        batch["scored"] = torch.tensor([not isinstance(item, Repeat) for item in items])
-    return batch
-
-
-def rank_share(items: list, rank: int, world: int, repeat=lambda item: item) -> list:
-    """Rank `rank`'s share of `items` among `world` processes: every world-th item from
-    position `rank`, after `items` is padded to a multiple of `world` with its own first
-    items (each passed through `repeat`), so that every rank gets ceil(len / world) items."""
-    short = -len(items) % world
-    padded = items + [repeat(items[i % len(items)]) for i in range(short)]
-    return padded[rank::world]
-
-
-class EpochShuffleSampler(DistributedSampler):
-    """A permutation of range(n) that is a pure function of (seed, epoch), shared out among
-    `world` processes (`rank_share`; the permutation is the same on every rank). Its length,
-    ceil(n / world), is `DistributedSampler`'s.
-
-    Lightning calls `set_epoch` before each training epoch; used outside Lightning, each
-    iteration moves on to the next epoch's order by itself. With `with_epoch`, items are
-    (index, epoch) pairs (for per-epoch chunk sampling in the collator, also in workers).
-    """
-
-    def __init__(
-        self, n: int, seed: int, with_epoch: bool = False, *, rank: int = 0, world: int = 1
-    ) -> None:
-        super().__init__(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed)
-        self.n, self.with_epoch = n, with_epoch
-
-    def __iter__(self) -> Iterator:
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n).tolist()
-        epoch = self.epoch
-        self.epoch += 1
-        items = [(i, epoch) for i in order] if self.with_epoch else order
-        return iter(rank_share(items, self.rank, self.num_replicas))
-
-
-class EvalShardSampler(DistributedSampler):
-    """range(n) in order, shared out among `world` processes (`rank_share`); the items a rank
-    repeats to fill its share are `Repeat`s, so that every example is scored exactly once."""
-
-    def __init__(self, n: int, *, rank: int = 0, world: int = 1) -> None:
-        super().__init__(range(n), num_replicas=world, rank=rank, shuffle=False)
-        self.n = n
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(rank_share(list(range(self.n)), self.rank, self.num_replicas, Repeat))
 
 
 class FinetuneDataModule(L.LightningDataModule):
@@ -313,6 +113,8 @@ class FinetuneDataModule(L.LightningDataModule):
         label_map: the label map to use (a fine-tuned model's); None: from the task.
         siamese: encode the two texts of a pair apart (`PairedSplit`), for a siamese head;
             ignored by single-text tasks.
+        template: the special tokens around the texts (the model family's
+            `Family.input_template`); None: the template of the tokenizer's kind.
     """
 
     def __init__(
@@ -331,18 +133,22 @@ class FinetuneDataModule(L.LightningDataModule):
         predict_task: TaskSpec | None = None,
         label_map: LabelMap | None = None,
         siamese: bool = False,
+        template: InputTemplate | None = None,
     ) -> None:
         super().__init__()
-        self.tokenizer_kind = tokenizer_kind(tokenizer)
+        self.template = (
+            TEMPLATE_BY_KIND[tokenizer_kind(tokenizer)] if template is None else template
+        )
         self.siamese = siamese and task.is_pair
         if task.long_text is not None and task.is_pair:
             raise TaskDataError(
                 f"task {task.name!r}: task.long_text handles single-text tasks; this task has "
                 f"two text columns {task.text_columns}. Set task.long_text=null"
             )
-        # [CLS] A [SEP] (B [SEP]) for BERT; A <eot> (B <eot>) for GPT; one text a row if siamese
+        # [CLS] A [SEP] (B [SEP]) for BERT; A <eot> (B <eot>) for GPT (the family's template,
+        # else the one the tokenizer's kind is made with); one text a row if siamese
         texts = 1 if self.siamese else len(task.text_columns)
-        specials = 1 + texts if self.tokenizer_kind == "wordpiece" else texts
+        specials = self.template.special_count(texts)
         floor = specials + texts
         if max_seq_len < floor:
             raise TaskDataError(
@@ -362,13 +168,11 @@ class FinetuneDataModule(L.LightningDataModule):
         )
         self.num_workers, self.seed, self.max_examples = num_workers, seed, max_examples
         self.train_examples, self.eval_examples = train_examples, eval_examples
-        self._tokenizer = task_tokenizer(tokenizer, max_seq_len)
+        self._tokenizer = task_tokenizer(tokenizer, max_seq_len, self.template)
         ids = special_ids(tokenizer)
         self.pad_id = ids.pad
         # put around every long-text chunk (the task template's specials)
-        self._wrap = (
-            ([ids.cls], [ids.sep]) if self.tokenizer_kind == "wordpiece" else ([], [ids.eot])
-        )
+        self._wrap = self.template.wrap_ids(tokenizer)
         self.predict_task = predict_task
         self._examples: dict[str, list[Example]] = {}
         self._encoded: dict[str, EncodedSplit | ChunkedSplit | PairedSplit] = {}
@@ -568,10 +372,7 @@ class FinetuneDataModule(L.LightningDataModule):
             inputs = [e.texts if len(e.texts) == 2 else e.texts[0] for e in examples]
             encodings = self._tokenizer.encode_batch(inputs)
         ids = [enc.ids for enc in encodings]
-        if self.tokenizer_kind == "wordpiece":
-            type_ids = [enc.type_ids for enc in encodings]
-        else:
-            type_ids = [[0] * len(x) for x in ids]
+        type_ids = [enc.type_ids for enc in encodings]  # all 0 unless the template has segments
         truncated = sum(len(x) >= self.max_seq_len for x in ids)
         log.info(
             "%s/%s: %d examples encoded%s, %d sequences at max_seq_len=%d (possibly truncated)",

@@ -18,7 +18,6 @@ import math
 import os
 import shlex
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ import numpy as np
 from datamodules.tasks import (
     CARVED_DEV,
     Column,
+    Example,
     TaskDataError,
     TaskSpec,
     is_bare_name,
@@ -34,15 +34,6 @@ from datamodules.tasks import (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Example:
-    """One labelled example: its text(s), its label (class name, number, or None) and id."""
-
-    texts: tuple[str, ...]
-    label: str | float | None
-    id: str
 
 
 def read_examples(

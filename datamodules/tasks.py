@@ -21,13 +21,10 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from datamodules.long_text import LongTextSpec
 from tokenizer import write_text_atomic
-
-if TYPE_CHECKING:  # task_files reads examples for a TaskSpec: it imports this module
-    from datamodules.task_files import Example
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +44,15 @@ Column = str | int
 
 class TaskDataError(ValueError):
     """Bad task data or task settings: the message names the file (and line) and the fix."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled example: its text(s), its label (class name, number, or None) and id."""
+
+    texts: tuple[str, ...]
+    label: str | float | None
+    id: str
 
 
 @dataclass
@@ -113,7 +119,8 @@ class TaskSpec:
     def __post_init__(self) -> None:
         # Hydra hands over ListConfig/DictConfig; keep plain containers from here on.
         self.text_columns = list(self.text_columns)
-        self.files = {str(k): str(v) for k, v in dict(self.files).items()}
+        # a split set to null has no file (task.files.dev=null beside task.dev_fraction)
+        self.files = {str(k): str(v) for k, v in dict(self.files).items() if v is not None}
         if self.metrics is None:
             self.metrics = list(DEFAULT_METRICS.get(self.kind, ("accuracy",)))
         self.metrics = [str(m) for m in self.metrics]

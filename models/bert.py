@@ -156,6 +156,41 @@ class BertModel(nn.Module):
         pooled_BD = torch.tanh(self.pooler(x_BTD[:, 0]))
         return BertModelOutput(hidden_states=x_BTD, pooled=pooled_BD)
 
+    # The backbone interface every family's backbone has (`models.heads.Backbone`), which task
+    # heads, probes and corpus-initialised embeddings use instead of asking which family it is.
+    def backbone(self) -> BertModel:
+        return self
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        """The input token embedding table (the MLM decoder shares it)."""
+        return self.embeddings.word
+
+    def token_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, T, D) last-layer states."""
+        return self(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).hidden_states
+
+    def sequence_features(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, D) BERT's own summary of a sequence: the pooled [CLS] state."""
+        return self(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).pooled
+
+    def train_own_features(self, trained: bool) -> None:
+        """Whether the parameters only `sequence_features` uses (the [CLS] pooler) train: a head
+        that never calls it freezes them, so that DDP finds no parameter without a gradient."""
+        self.pooler.requires_grad_(trained)
+
 
 @dataclass
 class BertPreTrainingOutput:
@@ -198,6 +233,15 @@ class BertForPreTraining(nn.Module):
         for module in (self.mlm_dense, self.mlm_norm, self.nsp):
             _init_bert_modules(module, self.config.init_std)
         nn.init.zeros_(self.mlm_bias)
+
+    def backbone(self) -> BertModel:
+        """The encoder without the pretraining heads."""
+        return self.bert
+
+    @property
+    def output_bias(self) -> nn.Parameter:
+        """The bias of the output layer over the vocabulary (the MLM decoder's)."""
+        return self.mlm_bias
 
     def mlm_head(self, h_XD: torch.Tensor) -> torch.Tensor:
         """MLM scores for hidden states of any leading shape: (..., D) -> (..., V)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 
 def _require_positive(config: object, *names: str) -> None:
@@ -52,6 +52,16 @@ def _require_divides(config: object, divisor: str, dividend: str) -> None:
 def _divisors_near(n: int, target: int) -> str:
     divisors = sorted((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))
     return ", ".join(str(d) for d in sorted(divisors[:3]))
+
+
+class ModelConfig(Protocol):
+    """What the pipeline reads from any family's architecture dataclass (`BertConfig`,
+    `GPTConfig`, or a family added later)."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    max_seq_len: int
 
 
 def round_up(value: float, multiple: int) -> int:

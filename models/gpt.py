@@ -36,6 +36,7 @@ from models.layers import (
     merge_heads,
     rope_cos_sin,
 )
+from models.sampling import _left_align, _sample
 
 __all__ = ["GPT", "GPTConfig", "GPTModel", "GPTOutput", "KVCache"]
 
@@ -270,6 +271,49 @@ class GPTModel(nn.Module):
             kv_cache.length += T
         return self.norm(x_BTD)
 
+    # The backbone interface every family's backbone has (`models.heads.Backbone`).
+    def backbone(self) -> GPTModel:
+        return self
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        """The input token embedding table (the output layer shares it when tied)."""
+        return self.tok_emb
+
+    def token_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, T, D) last-layer states (a decoder has no segment ids: `token_type_ids` is
+        ignored)."""
+        return self(input_ids, attention_mask=attention_mask)
+
+    def sequence_features(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, D) a decoder's summary of a sequence: the state of its last real token, the only
+        one that has read the whole text (padding on either side)."""
+        h_BTD = self.token_states(input_ids, attention_mask)
+        if attention_mask is None:
+            return h_BTD[:, -1]
+        rows = torch.arange(h_BTD.shape[0], device=h_BTD.device)
+        return h_BTD[rows, last_token_index(attention_mask)]
+
+    def train_own_features(self, trained: bool) -> None:
+        """`sequence_features` has no parameters of its own."""
+
+
+def last_token_index(attention_mask_BT: torch.Tensor) -> torch.Tensor:
+    """Index of the last real token of each row, for left or right padding. (B, T) -> (B,)."""
+    T = attention_mask_BT.shape[1]
+    positions_BT = torch.arange(T, device=attention_mask_BT.device).expand_as(attention_mask_BT)
+    return (positions_BT * attention_mask_BT.bool()).amax(dim=1)
+
 
 @dataclass
 class GPTOutput:
@@ -299,6 +343,15 @@ class GPT(nn.Module):
             else nn.Linear(config.d_model, config.vocab_size, bias=False)
         )
         self._init_output()
+
+    def backbone(self) -> GPTModel:
+        """The decoder stack without the output layer."""
+        return self.model
+
+    @property
+    def output_bias(self) -> None:
+        """None: the output layer has no bias (the Llama layout)."""
+        return None
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -457,59 +510,3 @@ class GPT(nn.Module):
             ids_BT = torch.cat([ids_BT, step_ids], dim=1)
             mask_BT = torch.cat([mask_BT, torch.ones_like(step_ids, dtype=mask_BT.dtype)], dim=1)
         return torch.stack(new_tokens, dim=1)
-
-
-def _left_align(
-    prompt_ids: torch.Tensor | Sequence[Sequence[int]],
-    attention_mask: torch.Tensor | None,
-    device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts as a left-padded (B, T) tensor and its (B, T) mask of real tokens."""
-    if not isinstance(prompt_ids, torch.Tensor):
-        rows = [torch.as_tensor(list(p), dtype=torch.long) for p in prompt_ids]
-        if not rows or any(len(r) == 0 for r in rows):
-            raise ValueError("every prompt needs at least one token")
-        T = max(len(r) for r in rows)
-        ids = torch.zeros(len(rows), T, dtype=torch.long)
-        mask = torch.zeros(len(rows), T, dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, T - len(r) :], mask[i, T - len(r) :] = r, 1
-        return ids.to(device), mask.to(device)
-    if prompt_ids.dim() != 2:
-        raise ValueError(f"prompt_ids must be (batch, tokens), got shape {tuple(prompt_ids.shape)}")
-    ids = prompt_ids.to(device)
-    if attention_mask is None:
-        return ids, torch.ones_like(ids)
-    mask = attention_mask.to(device).long()
-    if bool((mask.sum(dim=1) == 0).any()):
-        raise ValueError(
-            "every prompt needs at least one real token (a row of attention_mask is 0)"
-        )
-    # A stable sort on the mask moves pads first and keeps real tokens in order: any padding
-    # side becomes left padding.
-    order = torch.sort(mask, dim=1, stable=True).indices
-    return ids.gather(1, order), mask.gather(1, order)
-
-
-def _sample(
-    logits_BV: torch.Tensor,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    generator: torch.Generator | None,
-) -> torch.Tensor:
-    """Next token per row from float32 logits (B, V) -> (B,)."""
-    if temperature == 0:
-        return logits_BV.argmax(dim=-1)
-    logits_BV = logits_BV / temperature
-    if top_k is not None:
-        kth_B1 = torch.topk(logits_BV, min(top_k, logits_BV.shape[-1])).values[:, -1:]
-        logits_BV = logits_BV.masked_fill(logits_BV < kth_B1, float("-inf"))
-    if top_p is not None:
-        sorted_BV, order_BV = logits_BV.sort(dim=-1, descending=True)
-        cum_BV = sorted_BV.softmax(dim=-1).cumsum(dim=-1)
-        # Drop a token when the ones before it already reach p; the top token always stays.
-        drop_BV = (cum_BV - sorted_BV.softmax(dim=-1)) >= top_p
-        logits_BV = logits_BV.scatter(1, order_BV, sorted_BV.masked_fill(drop_BV, float("-inf")))
-    probs_BV = logits_BV.softmax(dim=-1)
-    return torch.multinomial(probs_BV, 1, generator=generator).squeeze(1)

@@ -31,12 +31,13 @@ so that training starts from a head that already reads them.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.bert import BertForPreTraining, BertModel
-from models.gpt import GPT, GPTModel
+from models.gpt import last_token_index
 from models.pooling import ChunkAttentionPooling, aggregate_chunk_logits
 
 __all__ = [
@@ -70,33 +71,57 @@ def default_pair_score(regression: bool) -> str:
     return "cosine" if regression else "alignment"
 
 
-def backbone_of(model: BertModel | GPTModel | BertForPreTraining | GPT) -> BertModel | GPTModel:
+class Backbone(Protocol):
+    """What task heads, probes and the pipeline use of a family's backbone (the stack without its
+    pretraining heads). `BertModel` and `GPTModel` have it; so does any family added later, and
+    a pretraining model answers `backbone()` with its stack."""
+
+    config: Any
+
+    def backbone(self) -> Backbone: ...
+
+    @property
+    def word_embeddings(self) -> nn.Embedding: ...
+
+    def token_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+    def sequence_features(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+    def train_own_features(self, trained: bool) -> None: ...
+
+
+def backbone_of(model: nn.Module) -> Backbone:
     """The encoder or decoder stack of a model, without its pretraining heads."""
-    if isinstance(model, BertForPreTraining):
-        model = model.bert
-    elif isinstance(model, GPT):
-        model = model.model
-    if not isinstance(model, BertModel | GPTModel):
-        raise TypeError(f"unsupported backbone {type(model).__name__}; use BERT or GPT")
-    return model
+    if not callable(getattr(model, "backbone", None)):
+        raise TypeError(
+            f"unsupported model {type(model).__name__}: a backbone needs the `Backbone` methods "
+            "(models.heads.Backbone)"
+        )
+    return model.backbone()
 
 
 def token_states(
-    backbone: BertModel | GPTModel,
+    backbone: Backbone,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     token_type_ids: torch.Tensor | None = None,
 ):
-    """(B, T, D) last-layer states of either backbone."""
-    if isinstance(backbone, BertModel):
-        return backbone(
-            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).hidden_states
-    return backbone(input_ids, attention_mask=attention_mask)
+    """(B, T, D) last-layer states of any backbone."""
+    return backbone.token_states(input_ids, attention_mask, token_type_ids)
 
 
 def mean_token_states(
-    backbone: BertModel | GPTModel,
+    backbone: Backbone,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None = None,
@@ -106,13 +131,6 @@ def mean_token_states(
     h_BTD = token_states(backbone, input_ids, attention_mask, token_type_ids)
     mask_BT1 = attention_mask.to(h_BTD.dtype).unsqueeze(-1)
     return (h_BTD * mask_BT1).sum(1) / mask_BT1.sum(1).clamp_min(1.0)
-
-
-def last_token_index(attention_mask_BT: torch.Tensor) -> torch.Tensor:
-    """Index of the last real token of each row, for left or right padding. (B, T) -> (B,)."""
-    T = attention_mask_BT.shape[1]
-    positions_BT = torch.arange(T, device=attention_mask_BT.device).expand_as(attention_mask_BT)
-    return (positions_BT * attention_mask_BT.bool()).amax(dim=1)
 
 
 class SequenceClassifier(nn.Module):
@@ -147,7 +165,7 @@ class SequenceClassifier(nn.Module):
 
     def __init__(
         self,
-        backbone: BertModel | GPTModel | BertForPreTraining | GPT,
+        backbone: nn.Module,
         n_outputs: int,
         *,
         dropout: float = 0.1,
@@ -177,10 +195,9 @@ class SequenceClassifier(nn.Module):
         self.backbone = backbone
         self.n_outputs = n_outputs
         self.pooling, self.siamese = pooling, siamese
-        if isinstance(backbone, BertModel):
-            # mean pooling leaves BERT's [CLS] pooler out of the graph: frozen, so that DDP
-            # finds no parameter without a gradient
-            backbone.pooler.requires_grad_(pooling is None and not self.alignment)
+        # mean pooling or alignment leaves the backbone's own features (BERT's [CLS] pooler)
+        # out of the graph: frozen, so that DDP finds no parameter without a gradient
+        backbone.train_own_features(pooling is None and not self.alignment)
         self.target_mean, self.target_std = (float(t) for t in target)
         self.dropout = nn.Dropout(dropout)
         self.classifier: nn.Linear | nn.BatchNorm1d
@@ -254,15 +271,7 @@ class SequenceClassifier(nn.Module):
             if attention_mask is None:
                 attention_mask = torch.ones_like(input_ids)
             return mean_token_states(self.backbone, input_ids, attention_mask, token_type_ids)
-        if isinstance(self.backbone, BertModel):
-            return self.backbone(
-                input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).pooled
-        h_BTD = token_states(self.backbone, input_ids, attention_mask)
-        if attention_mask is None:
-            return h_BTD[:, -1]
-        rows = torch.arange(h_BTD.shape[0], device=h_BTD.device)
-        return h_BTD[rows, last_token_index(attention_mask)]
+        return self.backbone.sequence_features(input_ids, attention_mask, token_type_ids)
 
     def classify(self, features_BD: torch.Tensor) -> torch.Tensor:
         """(B, D) features (B, 4D when siamese; B, 4 standardized alignment scores) -> (B, C)
@@ -336,13 +345,13 @@ def pair_cosine(features_ND: torch.Tensor) -> torch.Tensor:
     return F.cosine_similarity(u_BD, v_BD, dim=-1).unsqueeze(-1)
 
 
-def word_embeddings(backbone: BertModel | GPTModel) -> nn.Embedding:
+def word_embeddings(backbone: Backbone) -> nn.Embedding:
     """The backbone's input word (token) embedding table."""
-    return backbone.embeddings.word if isinstance(backbone, BertModel) else backbone.tok_emb
+    return backbone.word_embeddings
 
 
 def alignment_scores(
-    backbone: BertModel | GPTModel,
+    backbone: Backbone,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     token_type_ids: torch.Tensor | None,

@@ -10,6 +10,10 @@ from tokenizer.spec import (
     warn_if_short_vocabulary,
 )
 from tokenizer.special import (
+    BPE_TEMPLATE,
+    TEMPLATE_BY_KIND,
+    WORDPIECE_TEMPLATE,
+    InputTemplate,
     MissingSpecialTokensError,
     SpecialIds,
     UnsupportedTokenizerError,
@@ -18,7 +22,11 @@ from tokenizer.special import (
 )
 
 __all__ = [
+    "BPE_TEMPLATE",
+    "TEMPLATE_BY_KIND",
+    "WORDPIECE_TEMPLATE",
     "EmptyCorpusError",
+    "InputTemplate",
     "MissingSpecialTokensError",
     "SpecialIds",
     "TokenizerLoadError",

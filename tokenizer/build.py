@@ -16,11 +16,10 @@ from tokenizers import (
     models,
     normalizers,
     pre_tokenizers,
-    processors,
     trainers,
 )
 
-from tokenizer.special import CLS, SEP, SPECIALS_BY_KIND, UNK
+from tokenizer.special import SPECIALS_BY_KIND, UNK, WORDPIECE_TEMPLATE
 
 
 def wordpiece_pipeline(model: models.WordPiece, lowercase: bool) -> Tokenizer:
@@ -36,13 +35,7 @@ def wordpiece_pipeline(model: models.WordPiece, lowercase: bool) -> Tokenizer:
 
 def add_bert_template(tokenizer: Tokenizer) -> Tokenizer:
     """Post-process single texts as `[CLS] A [SEP]` and pairs as `[CLS] A [SEP] B [SEP]`."""
-    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{CLS}:0 $A:0 {SEP}:0",
-        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
-        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
-    )
-    return tokenizer
+    return WORDPIECE_TEMPLATE.apply(tokenizer)
 
 
 def bytelevel_bpe_pipeline() -> Tokenizer:

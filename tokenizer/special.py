@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, processors
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 WORDPIECE_SPECIALS = (PAD, UNK, CLS, SEP, MASK)  # [PAD] first so that its id is 0, as in BERT
@@ -76,3 +76,43 @@ def special_ids(tokenizer: Tokenizer) -> SpecialIds:
     if kind == "wordpiece":
         return SpecialIds(pad=ids[PAD], unk=ids[UNK], cls=ids[CLS], sep=ids[SEP], mask=ids[MASK])
     return SpecialIds(pad=ids[EOT], eot=ids[EOT])
+
+
+@dataclass(frozen=True)
+class InputTemplate:
+    """The special tokens around the texts of one example, as a model family reads them:
+    `lead` before the first text, `close` after each text; `segments`: the second text's tokens
+    get segment id 1 (BERT's token types), else every token 0.
+
+    BERT: `[CLS] A [SEP]` and `[CLS] A [SEP] B [SEP]`; GPT: `A <eot>` and `A <eot> B <eot>`.
+    """
+
+    lead: tuple[str, ...]
+    close: str
+    segments: bool
+
+    def special_count(self, texts: int) -> int:
+        """How many special tokens an example of `texts` texts carries."""
+        return len(self.lead) + texts
+
+    def wrap_ids(self, tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+        """The ids put before and after a text (one chunk of a long document)."""
+        return [tokenizer.token_to_id(t) for t in self.lead], [tokenizer.token_to_id(self.close)]
+
+    def apply(self, tokenizer: Tokenizer) -> Tokenizer:
+        """Set `tokenizer`'s post-processor to this template (in place) and return it."""
+        second = 1 if self.segments else 0
+        lead = "".join(f"{t}:0 " for t in self.lead)
+        tokens = {t: tokenizer.token_to_id(t) for t in (*self.lead, self.close)}
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{lead}$A:0 {self.close}:0",
+            pair=f"{lead}$A:0 {self.close}:0 $B:{second} {self.close}:{second}",
+            special_tokens=list(tokens.items()),
+        )
+        return tokenizer
+
+
+WORDPIECE_TEMPLATE = InputTemplate(lead=(CLS,), close=SEP, segments=True)
+BPE_TEMPLATE = InputTemplate(lead=(), close=EOT, segments=False)
+# The template a tokenizer of each kind is made with (a family may name another).
+TEMPLATE_BY_KIND = {"wordpiece": WORDPIECE_TEMPLATE, "bpe": BPE_TEMPLATE}

@@ -1,4 +1,8 @@
-"""Load a trained model with its tokenizer, for generation, fill-mask and fine-tuning.
+"""Every load of a model from a `CheckpointSource` (pipeline/checkpoint/source.py: what a
+`ckpt=` names, resolved and read once): a pretrained model with its tokenizer, for generation,
+fill-mask and scoring (`load_pretrained`); the backbone to fine-tune (`load_backbone`); a
+fine-tuned task model (`load_finetuned`). Each is built by one meta-device builder
+(`build_model`) that lists every weight that does not fit.
 
 `load_pretrained(path)` accepts what the pipeline writes:
 
@@ -8,8 +12,6 @@
 - a run folder (`outputs/<model>/<stamp>/`): its `checkpoints/last.ckpt`;
 - a Hugging Face folder (`config.json` + weights + `tokenizer.json` or `vocab.txt`), such as a
   run's `hf/` export.
-
-Checkpoints are read with `torch.load(weights_only=True)`, so a file cannot run code on load.
 
 Also here, shared by the inference commands (`make generate`, `make fill-mask`): the device and
 its autocast, and required keys.
@@ -22,8 +24,6 @@ import copy
 import json
 import logging
 import os
-import pickle
-import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,16 +34,17 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 from torch import nn
 
-from models.config import BertConfig, GPTConfig
+from models.heads import DocumentClassifier, SequenceClassifier
 from models.hf import UnsupportedCheckpointError, load_hf
+from pipeline.checkpoint.head import HeadSpec, build_head, task_backbone
 from pipeline.checkpoint.record import CheckpointRecord
+from pipeline.checkpoint.source import CheckpointSource, resolve_checkpoint
 from pipeline.run.errors import (
     CheckpointLoadError,
     ConfigError,
-    DamagedCheckpointError,
     WrongFamilyError,
 )
-from pipeline.run.families import family_named, family_of_model
+from pipeline.run.families import INFERENCE, families, family_named, family_of_model
 from tokenizer import (
     TokenizerLoadError,
     UnsupportedTokenizerError,
@@ -52,30 +53,22 @@ from tokenizer import (
 )
 
 __all__ = [
-    "CheckpointSource",
+    "Finetuned",
     "Pretrained",
-    "expect_family",
+    "build_model",
+    "expect_inference",
     "inference_autocast",
+    "load_backbone",
+    "load_finetuned",
     "load_pretrained",
     "model_state",
-    "read_checkpoint",
     "require_keys",
-    "resolve_checkpoint",
     "resolve_device",
 ]
 
 log = logging.getLogger(__name__)
 
 STATE_PREFIX = "model."  # the LightningModule holds the model as `self.model`
-# Where a folder's model is looked for, in order; the first that exists wins: a fine-tuning
-# run's best checkpoint, an HF folder, a pretraining run's last checkpoint, its HF export.
-FOLDER_CANDIDATES = (
-    "checkpoints/best.ckpt",
-    "config.json",
-    "checkpoints/last.ckpt",
-    "last.ckpt",
-    "hf/config.json",
-)
 
 
 @dataclass
@@ -98,52 +91,24 @@ class Pretrained:
     trained_seq_len: int | None = None
 
 
-@dataclass(frozen=True)
-class CheckpointSource:
-    """What a `ckpt=` argument names, resolved once and read once: every loader below takes
-    one (or the argument itself, which it resolves), so a command reads each file once.
+@dataclass
+class Finetuned:
+    """A fine-tuned task model (eval mode, CPU) with its tokenizer and head settings.
 
     Attributes:
-        path: the checkpoint file, or the HF folder.
-        contents: the checkpoint's contents (memory-mapped); None for an HF folder.
+        model: the task model (`models.heads.SequenceClassifier`, or `DocumentClassifier` for
+            sliding-window documents), as `pipeline.checkpoint.head.build_head` builds it.
+        head: what the head predicts (the checkpoint's `finetune` entry).
+        config: the fine-tuning run's resolved config.
     """
 
-    path: Path
-    contents: dict[str, Any] | None
-
-    @property
-    def record(self) -> CheckpointRecord:
-        """The pipeline's entries of the checkpoint (all empty for an HF folder)."""
-        return CheckpointRecord.of(self.contents)
-
-    @property
-    def kind(self) -> str:
-        """ "hf", "finetuned" (a task model) or "pretrained"."""
-        if self.contents is None:
-            return "hf"
-        return "finetuned" if self.record.finetune is not None else "pretrained"
-
-
-def resolve_checkpoint(given: str | os.PathLike | CheckpointSource) -> CheckpointSource:
-    """The checkpoint file or HF folder that `given` names (a file, a pretraining or
-    fine-tuning run folder, an HF folder), read.
-
-    Raises:
-        CheckpointLoadError: nothing loadable there, or an unreadable checkpoint.
-    """
-    if isinstance(given, CheckpointSource):
-        return given
-    path = Path(given).expanduser()
-    if not path.exists():
-        raise CheckpointLoadError(
-            f"ckpt={str(path)!r} does not exist; give a checkpoint file (*.ckpt), a run folder "
-            "(outputs/<model>/<stamp>/) or a Hugging Face export folder (with config.json)"
-        )
-    if path.is_dir():
-        path = _resolve_folder(path)
-    if path.name == "config.json":
-        return CheckpointSource(path.parent, None)
-    return CheckpointSource(path, read_checkpoint(path))
+    model: SequenceClassifier | DocumentClassifier
+    head: HeadSpec
+    tokenizer: Tokenizer
+    family: str
+    source: Path
+    config: dict[str, Any]
+    trained_seq_len: int | None = None
 
 
 def load_pretrained(given: str | os.PathLike | CheckpointSource) -> Pretrained:
@@ -163,29 +128,74 @@ def load_pretrained(given: str | os.PathLike | CheckpointSource) -> Pretrained:
     return pretrained
 
 
-def expect_family(pretrained: Pretrained, family: str, instead: str | None = None) -> None:
-    """Raise `WrongFamilyError` unless `pretrained` is a `family` model; `instead` names what to
-    use for the model's own family (default: its family's `try_command`, e.g. "make fill-mask")."""
-    if pretrained.family != family:
-        instead = instead or f"make {family_named(pretrained.family).try_command[0]}"
-        raise WrongFamilyError(
-            f"{pretrained.source} holds a {pretrained.family.upper()} model, but this command "
-            f"needs a {family.upper()}; for a {pretrained.family.upper()} use {instead}"
+def load_finetuned(given: str | os.PathLike | CheckpointSource) -> Finetuned:
+    """Load a fine-tuned model from its checkpoint file or run folder.
+
+    Raises:
+        CheckpointLoadError: the path is missing, unreadable, or not a fine-tuned checkpoint
+            (the message says what it is instead and what to give).
+    """
+    source = resolve_checkpoint(given, fine_tuned=True)
+    if source.kind != "finetuned":
+        raise CheckpointLoadError(
+            f"{source.path} is not a fine-tuned model (no 'finetune' entry): it looks like "
+            "a pretrained one; fine-tune it first with `make finetune task=... ckpt=...`"
         )
+    file, record = source.path, source.record
+    family, config = record.model(file)
+    tokenizer = record.stored_tokenizer(file)
+    try:
+        head = HeadSpec.from_record(record.finetune)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointLoadError(f"{file}: damaged 'finetune' entry ({err!r})") from err
+    with torch.device("meta"):  # the head's few weights and unsaved buffers are made as usual
+        backbone = family_named(family).backbone_class(config)
+    model = build_model(
+        file,
+        f"the {family} architecture in model_config with the task head in finetune",
+        build_head(backbone, head),
+        model_state(source.contents),
+    ).eval()
+    return Finetuned(
+        model, head, tokenizer, family, file, dict(record.config), record.trained_seq_len
+    )
+
+
+def load_backbone(given: str | os.PathLike | CheckpointSource) -> Pretrained:
+    """The backbone to fine-tune (as `model`) with its tokenizer and trained length.
+
+    Takes a pretraining checkpoint or run folder, an HF folder (ours or any BERT/Llama one the
+    models package imports), or a fine-tuned model (its backbone, e.g. MNLI -> RTE)."""
+    source = resolve_checkpoint(given)
+    if source.kind != "finetuned":
+        return load_pretrained(source)
+    tuned = load_finetuned(source)
+    return Pretrained(
+        tuned.family,
+        task_backbone(tuned.model),
+        tuned.tokenizer,
+        tuned.source,
+        tuned.trained_seq_len,
+    )
+
+
+def expect_inference(pretrained: Pretrained, inference: str) -> None:
+    """Raise `WrongFamilyError` unless the family of `pretrained` does `inference` ("fill-mask",
+    "generate", "score": `Family.inference`), naming the families that do and what to use
+    instead (the model's family's `try_command`, e.g. "make fill-mask")."""
+    family = family_named(pretrained.family)
+    if family.supports(inference):
+        return
+    able = " or ".join(f.name.upper() for f in families() if f.supports(inference)) or "model"
+    raise WrongFamilyError(
+        f"{pretrained.source} holds a {family.name.upper()} model, but this command needs a "
+        f"{able} ({INFERENCE[inference]}); for a {family.name.upper()} use "
+        f"make {family.try_command[0]}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
-# Sources
-
-
-def _resolve_folder(folder: Path) -> Path:
-    for name in FOLDER_CANDIDATES:
-        if (folder / name).is_file():
-            return folder / name
-    raise CheckpointLoadError(
-        f"ckpt={str(folder)!r} is a folder without a model: looked for "
-        f"{', '.join(FOLDER_CANDIDATES)}; give a run folder, its checkpoint file or an HF export"
-    )
+# Building models from weights
 
 
 def _load_lightning_checkpoint(path: Path, checkpoint: dict[str, Any]) -> Pretrained:
@@ -200,7 +210,9 @@ def _load_lightning_checkpoint(path: Path, checkpoint: dict[str, Any]) -> Pretra
     family, config = record.model(path)
     tokenizer = record.stored_tokenizer(path)
     state = model_state(checkpoint)
-    model = _build_model(path, family, config, state)
+    with torch.device("meta"):
+        model = family_named(family).model_class(config)
+    model = build_model(path, f"the {family} architecture in model_config", model, state)
     _check_vocab(path, tokenizer, config.vocab_size)
     return Pretrained(family, model, tokenizer, path, record.trained_seq_len)
 
@@ -215,70 +227,26 @@ def model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     }
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """A Lightning checkpoint's contents, memory-mapped (tensors are read when used), plain
-    data only; `CheckpointLoadError` naming the file and the fix when it cannot be read."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointLoadError(f"checkpoint {path} does not exist")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as err:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        if found:
-            raise CheckpointLoadError(
-                f"{path} holds Python objects ({found[1]}) besides tensors and plain values, and "
-                "they are not loaded (loading them could run code); use a checkpoint written by "
-                "`make pretrain`, or an HF folder written by models.hf.export_hf"
-            ) from err
-        raise _unreadable(path, err) from err
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise _unreadable(path, err) from err
-    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
-        raise CheckpointLoadError(
-            f"{path} is not a Lightning checkpoint (no 'state_dict' entry); give a checkpoint "
-            "written by `make pretrain`, its run folder or an HF export folder"
-        )
-    return checkpoint
-
-
-def _unreadable(path: Path, err: Exception) -> CheckpointLoadError:
-    """`DamagedCheckpointError` when the file's bytes read but torch cannot make a checkpoint of
-    them, `CheckpointLoadError` when the system fails to read the bytes themselves. (torch's own
-    error does not tell: a file truncated below the zip footer fails its memory map with
-    OSError EINVAL, a bad disk read with OSError EIO.)"""
-    try:
-        with open(path, "rb") as handle:
-            while handle.read(1 << 24):
-                pass
-    except OSError as failed:
-        return CheckpointLoadError(
-            f"{path} could not be read ({failed}); if the disk or network file system is "
-            "back, try again, else use another checkpoint of the run"
-        )
-    reason = (str(err).strip().splitlines() or [""])[0].split(". ")[0]  # torch's are long
-    if isinstance(err, pickle.UnpicklingError):  # torch's text here suggests weights_only=False
-        reason = "its bytes are not a PyTorch checkpoint"
-    return DamagedCheckpointError(
-        f"{path} is not a readable checkpoint ({type(err).__name__}: {reason}); the file may be "
-        "truncated or corrupt (e.g. copied while it was being written): use another checkpoint "
-        "of the run or copy it again"
-    )
-
-
-def _build_model(
-    path: Path, family: str, config: BertConfig | GPTConfig, state: dict[str, torch.Tensor]
+def build_model(
+    path: Path, described: str, model: nn.Module, state: dict[str, torch.Tensor]
 ) -> nn.Module:
-    """The model of `config` holding a copy of the weights of `state` (no random init is run:
-    the model is built on the meta device and the copies are assigned to it).
+    """`model`, built with its weights on the meta device (no random init is run), holding a
+    copy of the weights of `state`, assigned to it; every name missing from `state`, every one
+    `state` has besides, and every weight of another shape is listed in the error.
+
+    Args:
+        path: the checkpoint, for the error message.
+        described: what the architecture is, for the error message ("the bert architecture
+            in model_config").
+        model: the model to fill; parts built off the meta device (a task head's buffers that
+            are not saved) keep their values unless `state` holds them.
+        state: the weights, named as `model.state_dict()` names them.
 
     A copy, not the checkpoint's tensors themselves: a `CheckpointSource` is read once and
     shared by every model built from it (`make glue` builds one per fine-tune), and training on
     a CPU changes a model's weights in place, so a model holding the source's tensors would hand
     its training on to the next model built from that source (a move to a GPU copies them
     anyway). The cost: the weights are read into memory at load, once per model."""
-    with torch.device("meta"):
-        model = family_named(family).model_class(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     missing = sorted(expected.keys() - state.keys())
     unexpected = sorted(state.keys() - expected.keys())
@@ -295,7 +263,7 @@ def _build_model(
             if names
         )
         raise CheckpointLoadError(
-            f"{path}: the weights do not match the {family} architecture in model_config "
+            f"{path}: the weights do not match {described} "
             f"({listed}); the checkpoint's model_config and state_dict disagree, so it was "
             "edited or written by a different version of the model code"
         )

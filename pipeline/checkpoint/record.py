@@ -18,7 +18,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from models.config import BertConfig, GPTConfig
+from models.config import ModelConfig
 from pipeline.run.errors import CheckpointLoadError, UnknownFamilyError
 from pipeline.run.families import families, family_named, family_of_config
 from tokenizer import UnsupportedTokenizerError, tokenizer_kind
@@ -89,7 +89,7 @@ class CheckpointRecord:
         """The `tokenizer` entry: its kind and its full JSON."""
         return {"kind": tokenizer_kind(tokenizer), "json": tokenizer.to_str()}
 
-    def model(self, path: Path) -> tuple[str, BertConfig | GPTConfig]:
+    def model(self, path: Path) -> tuple[str, ModelConfig]:
         """(family name, model config) of the `model_config` entry.
 
         Raises:

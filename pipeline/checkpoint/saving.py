@@ -1,4 +1,5 @@
-"""What a pretraining checkpoint holds, how it is written, which ones are kept, and resuming.
+"""What a pretraining checkpoint holds, how it is written, which ones are kept, and resuming
+(which checkpoint a `resume=` names: pipeline/checkpoint/source.py).
 
 A checkpoint (`<run dir>/checkpoints/*.ckpt`, a Lightning checkpoint) holds the model, optimizer,
 schedule, precision scaler, loop counters and data position (Lightning's own keys), plus the
@@ -13,7 +14,6 @@ name, fsynced and renamed, so a crash never leaves a half-written checkpoint und
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -27,11 +27,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from tokenizers import Tokenizer
 
-from models.config import BertConfig, GPTConfig
-from pipeline.checkpoint.load import CheckpointSource, read_checkpoint
+from models.config import ModelConfig
 from pipeline.checkpoint.record import CheckpointRecord
-from pipeline.run.errors import CheckpointLoadError, ConfigError, DamagedCheckpointError
-from pipeline.run.folder import CHECKPOINT_DIR, refuse_overwrite
+from pipeline.checkpoint.source import CheckpointSource, read_checkpoint
+from pipeline.run.errors import CheckpointLoadError
+from pipeline.run.folder import CHECKPOINT_DIR
 from pipeline.training.lightning_compat import (
     ResumeFileRankedCheckpoint,
     last_saved_step,
@@ -84,7 +84,8 @@ class StepCheckpoint(ResumeFileRankedCheckpoint):
     `keep_best` count the files that exist; and the callback that keeps the best checkpoints
     adopts its files that the restored state does not know (a periodic checkpoint is saved
     before the validation of its step, so the best file that validation wrote is newer than
-    the state resumed from).
+    the state resumed from), reading each file's score from `already_read` (the checkpoints a
+    `resume=auto` read while choosing, `CheckpointSource.beside`) when it is there.
     """
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -103,9 +104,16 @@ class StepCheckpoint(ResumeFileRankedCheckpoint):
             set_logging_step(trainer, trainer.global_step)
             self._align_log_step = False
 
-    def __init__(self, *, every_n_train_steps: int | None = None, **settings) -> None:
+    def __init__(
+        self,
+        *,
+        every_n_train_steps: int | None = None,
+        already_read: dict[Path, dict[str, Any]] | None = None,
+        **settings,
+    ) -> None:
         super().__init__(every_n_train_steps=every_n_train_steps, **settings)
         self.every_n_steps = every_n_train_steps or 0
+        self.already_read = already_read or {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not step_boundary(trainer):
@@ -142,7 +150,7 @@ class StepCheckpoint(ResumeFileRankedCheckpoint):
         for path in sorted(Path(self.dirpath).glob(f"{prefix}*.ckpt")) if adopt else []:
             if str(path) in self.best_k_models:
                 continue
-            score = saved_score(path, self.state_key)
+            score = saved_score(path, self.state_key, self.already_read.get(path.resolve()))
             if score is not None:
                 self.best_k_models[str(path)] = score
         if not self.best_k_models:
@@ -166,10 +174,13 @@ class StepCheckpoint(ResumeFileRankedCheckpoint):
         self.kth_value = self.best_k_models[kept[-1]]
 
 
-def saved_score(path: Path, state_key: str) -> torch.Tensor | None:
-    """The monitored score a best-k checkpoint file was saved with (None if unreadable)."""
+def saved_score(
+    path: Path, state_key: str, contents: dict[str, Any] | None = None
+) -> torch.Tensor | None:
+    """The monitored score a best-k checkpoint file was saved with (None if unreadable);
+    `contents`: the file's, when already read."""
     try:
-        state = read_checkpoint(path)["callbacks"][state_key]
+        state = (contents or read_checkpoint(path))["callbacks"][state_key]
         return state["best_k_models"].get(str(path), state["current_score"])
     except (CheckpointLoadError, KeyError, TypeError) as err:  # not one of ours to rank
         log.warning("not counting %s among the best checkpoints: %s", path, err)
@@ -177,10 +188,16 @@ def saved_score(path: Path, state_key: str) -> torch.Tensor | None:
 
 
 def checkpoint_callbacks(
-    run_dir: Path, every_n_steps: int, keep_last: int, keep_best: int
+    run_dir: Path,
+    every_n_steps: int,
+    keep_last: int,
+    keep_best: int,
+    resumed: CheckpointSource | None = None,
 ) -> list[ModelCheckpoint]:
-    """The periodic checkpoints (the last `keep_last`, plus `last.ckpt`) and the best ones."""
+    """The periodic checkpoints (the last `keep_last`, plus `last.ckpt`) and the best ones;
+    `resumed`: the checkpoint the run resumes from, with the folder's others already read."""
     directory = run_dir / CHECKPOINT_DIR
+    already_read = resumed.beside if resumed is not None else {}
     periodic = StepCheckpoint(
         dirpath=directory,
         filename="step{step:07d}",
@@ -211,6 +228,7 @@ def checkpoint_callbacks(
                 mode="min",
                 save_top_k=keep_best,
                 enable_version_counter=False,
+                already_read=already_read,
             )
         )
     return callbacks
@@ -304,98 +322,8 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
-def newest_checkpoint(run_dir: Path, *, set_aside_damaged: bool = False) -> CheckpointSource | None:
-    """The checkpoint of a run folder with the highest global step, read (its contents are
-    kept, so that nothing reads it again), or None when it has none.
-
-    Of equal steps, a periodic `stepNNNNNNN.ckpt` comes first: `last.ckpt` holds the same state
-    but is overwritten as the resumed run goes on (the path a run prints as resumed from must
-    keep naming that state), and a best-by-validation one is saved after its step's validation.
-
-    Files are atomic, so a file under a checkpoint name is complete unless damaged afterwards;
-    a damaged one is skipped with a warning and, with `set_aside_damaged` (the run's own
-    folder, about to be written to, by its first process only), renamed to `<name>.damaged`
-    so that the run's next `last.ckpt` takes its place instead of a `last-v1.ckpt` beside it.
-    """
-    ranked = []
-    contents = {}
-    for path in (run_dir / CHECKPOINT_DIR).glob("*.ckpt"):
-        try:
-            contents[path] = read_checkpoint(path)
-            step = int(contents[path].get("global_step", -1))
-        except DamagedCheckpointError as err:
-            if set_aside_damaged:
-                err = f"{err}; moved aside to {set_aside(path).name}"
-            log.warning("skipping %s", err)
-            continue
-        except CheckpointLoadError as err:  # the system failed to read it: it may read later
-            log.warning("skipping %s", err)
-            continue
-        kind = 0 if path.name.startswith("best-") else 1 if path.name == "last.ckpt" else 2
-        ranked.append((step, kind, path.stat().st_mtime, path))
-    if not ranked:
-        return None
-    newest = max(ranked)[-1]
-    return CheckpointSource(newest, contents[newest])
-
-
-def set_aside(path: Path) -> Path:
-    """Rename a damaged file to `<name>.damaged` (`.damaged-2`, ... if taken); never deletes."""
-    target = path.with_name(f"{path.name}.damaged")
-    number = 1
-    while target.exists():
-        number += 1
-        target = path.with_name(f"{path.name}.damaged-{number}")
-    with contextlib.suppress(FileNotFoundError):  # another process of the run moved it first
-        path.rename(target)
-    return target
-
-
-def resume_checkpoint(
-    resume: str | None, run_dir: Path, *, first_process: bool = True
-) -> CheckpointSource | None:
-    """The checkpoint to resume from, read.
-
-    Args:
-        resume: None (start fresh; refused when the run folder already has checkpoints, which
-            the run would overwrite), "auto" (the newest complete checkpoint of this run folder,
-            or a fresh start when there is none), a checkpoint file, or a run folder.
-        run_dir: this run's folder.
-        first_process: whether this process may move damaged checkpoints aside (only one of
-            a multi-process run does).
-    """
-    if resume is None:
-        refuse_overwrite("pretrain", run_dir)
-        return None
-    if resume == "auto":
-        existed = sorted(p.name for p in (run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
-        found = newest_checkpoint(run_dir, set_aside_damaged=first_process)
-        if found is None and existed:
-            raise ConfigError(
-                f"resume=auto: none of the checkpoints in {run_dir / CHECKPOINT_DIR} can be read "
-                f"({', '.join(existed)}; see the warnings above); rather than start the run over "
-                "in its own folder, this stops: resume from a copy with resume=PATH, or start "
-                "afresh with another run_name"
-            )
-        if found is None:
-            log.info("resume=auto: no checkpoint in %s yet, starting from scratch", run_dir)
-        return found
-    path = Path(resume)
-    if path.is_dir():
-        found = newest_checkpoint(path)
-        if found is None:
-            raise ConfigError(f"resume={resume}: no readable checkpoint in {path / CHECKPOINT_DIR}")
-        return found
-    if not path.is_file():
-        raise ConfigError(
-            f"resume={resume}: no such checkpoint file or run folder; use resume=auto, a "
-            "*.ckpt file or a run folder"
-        )
-    return CheckpointSource(path, read_checkpoint(path))
-
-
 def check_compatible(
-    checkpoint: dict[str, Any], model_config: BertConfig | GPTConfig, tokenizer: Tokenizer
+    checkpoint: dict[str, Any], model_config: ModelConfig, tokenizer: Tokenizer
 ) -> None:
     """Raise `CheckpointLoadError` listing every model field (and the tokenizer) that differs
     between a checkpoint and this run."""

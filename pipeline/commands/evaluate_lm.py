@@ -13,12 +13,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from datamodules.objective import CausalLMObjective
-from pipeline.checkpoint.load import load_pretrained, require_keys, resolve_device
+from pipeline.checkpoint.load import expect_inference, load_pretrained, require_keys, resolve_device
 from pipeline.infer.lm_scoring import read_text, score_text
 from pipeline.run.cli import entry_point, user_errors
-from pipeline.run.errors import ConfigError
-from pipeline.run.families import family_named
 from tokenizer.cache import write_text_atomic
 
 
@@ -29,11 +26,7 @@ def main(cfg: DictConfig) -> None:
         text = read_text(Path(str(cfg.file)))
         device = resolve_device(cfg.device)
         pretrained = load_pretrained(cfg.ckpt)
-        if not issubclass(family_named(pretrained.family).objective_class, CausalLMObjective):
-            raise ConfigError(
-                f"{pretrained.source} holds a {pretrained.family.upper()} model, which does not "
-                "predict the next token; make evaluate-lm needs a causal model (a GPT)"
-            )
+        expect_inference(pretrained, "score")
         pretrained.model.to(device)
         print(f"{pretrained.family} model from {pretrained.source} on {device}", file=sys.stderr)
         score = score_text(pretrained, text, device, seq_len=cfg.seq_len, batch_size=cfg.batch_size)

@@ -11,7 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.checkpoint.load import expect_family, load_pretrained, require_keys, resolve_device
+from pipeline.checkpoint.load import expect_inference, load_pretrained, require_keys, resolve_device
 from pipeline.infer.mask_filling import best_filling, fill_mask, format_guesses
 from pipeline.run.cli import entry_point, user_errors
 
@@ -23,7 +23,7 @@ def main(cfg: DictConfig) -> None:
         require_keys(cfg, usage, "ckpt", "text")
         device = resolve_device(cfg.device)
         pretrained = load_pretrained(cfg.ckpt)
-        expect_family(pretrained, "bert")
+        expect_inference(pretrained, "fill-mask")
         pretrained.model.to(device)
         print(f"{pretrained.family} model from {pretrained.source} on {device}", file=sys.stderr)
         text = str(cfg.text)

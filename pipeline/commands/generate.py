@@ -10,7 +10,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.checkpoint.load import expect_family, load_pretrained, require_keys, resolve_device
+from pipeline.checkpoint.load import expect_inference, load_pretrained, require_keys, resolve_device
 from pipeline.infer.generation import Sampling, generate, print_samples
 from pipeline.run.cli import entry_point, user_errors
 
@@ -22,7 +22,7 @@ def main(cfg: DictConfig) -> None:
         sampling = Sampling.from_config(cfg)
         device = resolve_device(cfg.device)
         pretrained = load_pretrained(cfg.ckpt)
-        expect_family(pretrained, "gpt")
+        expect_inference(pretrained, "generate")
         pretrained.model.to(device)
         print(f"{pretrained.family} model from {pretrained.source} on {device}", file=sys.stderr)
         prompt = "" if cfg.prompt is None else str(cfg.prompt)

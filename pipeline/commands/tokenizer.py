@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from pipeline.pretrain.checks import check_config
 from pipeline.run.cli import entry_point, user_errors
+from pipeline.run.families import family_named
 from tokenizer import batched, get_tokenizer, tokenizer_cache_path
 
 SAMPLE_PAIR = ("The quick brown fox jumps over the lazy dog.", "It was not amused.")
@@ -54,7 +55,7 @@ def main(cfg: DictConfig) -> None:
     print(f"tokenizer   {plan.tokenizer.kind}, vocabulary {tokenizer.get_vocab_size():,} ({how})")
     print(f"corpus      {plan.corpus.describe()}")
     print(f"file        {plan.tokenizer.path or cache}")
-    if plan.tokenizer.kind == "wordpiece":
+    if family_named(plan.family).input_template.segments:  # a pair, with its segment ids
         encoding = tokenizer.encode(*SAMPLE_PAIR)
         print(f"sample      {SAMPLE_PAIR[0]!r} + {SAMPLE_PAIR[1]!r}")
         print(f"tokens      {encoding.tokens}")

@@ -12,6 +12,8 @@
 Both linear models minimise the mean loss plus `0.5 / n * ||w||^2` (scikit-learn's default
 `C=1`, scaled to a mean) with full-batch L-BFGS, so they are deterministic and take seconds on
 a GLUE training set. Dev scores use the task's own metrics (`pipeline.finetune.metrics`).
+
+A suite keeps each task's scores in `baselines.json` (`pipeline.finetune.results.Baselines`).
 """
 
 from __future__ import annotations
@@ -25,15 +27,13 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from datamodules.task_files import Example
-from datamodules.tasks import TaskSpec, build_label_map
+from datamodules.tasks import Example, TaskSpec, build_label_map
 from pipeline.finetune.metrics import task_metrics
+from pipeline.finetune.results import Scores
 
 WORD = re.compile(r"\w+", re.UNICODE)
 MIN_WORD_COUNT = 2  # a word seen once in training carries no weight a dev text could reuse
 LBFGS_ITERATIONS = 200
-
-Scores = dict[str, float]  # metric -> value
 
 
 def words(text: str) -> list[str]:

@@ -21,6 +21,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.tasks import LabelMap, TaskSpec
+from pipeline.checkpoint.load import Finetuned, load_finetuned
+from pipeline.checkpoint.source import resolve_checkpoint
+from pipeline.finetune.results import Evaluation
 from pipeline.finetune.run import (
     build_datamodule,
     check_datamodule_keys,
@@ -28,9 +31,8 @@ from pipeline.finetune.run import (
     split_metrics,
     task_from,
     warn_untrained_positions,
-    write_json,
 )
-from pipeline.finetune.task_module import Finetuned, load_finetuned
+from pipeline.finetune.task_module import TaskModule
 from pipeline.run.errors import ConfigError
 from pipeline.run.folder import CHECKPOINT_DIR
 from pipeline.training.precision import best_precision
@@ -80,32 +82,32 @@ def inference_setup(cfg: DictConfig, *, predicting: bool = False):
     """The fine-tuned model, its task, datamodule and a Trainer; with `predicting`, the
     datamodule also reads the unlabelled texts (`predict.file`, else `task.predict.files`)."""
     check_datamodule_keys(cfg)
-    tuned = load_finetuned(cfg.ckpt)
+    tuned = load_finetuned(resolve_checkpoint(cfg.ckpt, fine_tuned=True))  # read once
     task, settings = saved_or_given(cfg, tuned)
-    check_labels(task, tuned.module.head.label_map)
+    check_labels(task, tuned.head.label_map)
     windowed = task.long_text is not None and task.long_text.mode == "window"
-    if windowed != (tuned.module.head.aggregate is not None):
+    if windowed != (tuned.head.aggregate is not None):
         raise ConfigError(
             f"task {task.name!r} {'splits' if windowed else 'does not split'} documents into "
             f"sliding windows, but the model was fine-tuned {'with' if not windowed else 'without'} "
             "them; use the task settings it was fine-tuned with (leave task= out)"
         )
-    if tuned.module.head.siamese and not task.is_pair:
+    if tuned.head.siamese and not task.is_pair:
         raise ConfigError(
             f"task {task.name!r} has one text column, but the model reads pairs of texts apart "
             "(head.siamese); use a pair task (leave task= out for the one it was fine-tuned on)"
         )
     predict_task = task.prediction_spec(cfg.predict.file) if predicting else None
-    module = tuned.module
-    module.set_eval_splits(task.eval_splits)
+    module = TaskModule(tuned.model, tuned.head, task.eval_splits).eval()
     datamodule = build_datamodule(
         task,
         tuned.tokenizer,
         settings,
         cfg.seed,
-        label_map=tuned.module.head.label_map,
+        label_map=tuned.head.label_map,
         predict_task=predict_task,
-        siamese=tuned.module.head.siamese,
+        siamese=tuned.head.siamese,
+        family=tuned.family,
     )
     warn_untrained_positions(datamodule.sequence_length, tuned.trained_seq_len, tuned.source)
     trainer = L.Trainer(
@@ -135,8 +137,15 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
         task.name, evaluated, evaluation_settings(*saved_or_given(DEFAULT_EVALUATION, tuned))
     )
     replaces = out.is_file()
-    record = {"task": task.name, "checkpoint": str(tuned.source), "metrics": metrics}
-    write_json(out, {**record, "examples": scored, "max_examples": limit, "settings": evaluated})
+    evaluation = Evaluation(
+        task=task.name,
+        checkpoint=str(tuned.source),
+        metrics=metrics,
+        examples=scored,
+        max_examples=limit,
+        settings=evaluated,
+    )
+    evaluation.write(out)
     for split, values in metrics.items():
         shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items())
         print(f"{task.name} {split} ({scored[split]:,} examples): {shown}")

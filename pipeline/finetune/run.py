@@ -3,7 +3,7 @@ of the fine-tuned model: pipeline/finetune/evaluation.py).
 
     python -m pipeline.commands.finetune task=sst2 ckpt=outputs/bert/<run>        # train + evaluate
 
-Fine-tuning loads the backbone and its tokenizer (`pipeline.finetune.task_module.load_backbone`: our
+Fine-tuning loads the backbone and its tokenizer (`pipeline.checkpoint.load.load_backbone`: our
 checkpoint or run folder, an HF folder, or a fine-tuned model), puts a task head on it, trains
 with AdamW, warmup then linear decay, evaluates every split after each epoch, keeps the best
 checkpoint by the task's main metric on the first evaluation split, and writes `results.json`
@@ -16,7 +16,6 @@ A sweep (`-m optim.lr=2e-5,3e-5 seed=1,2,3`) runs one job per combination;
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 from pathlib import Path
@@ -32,19 +31,15 @@ from tokenizers import Tokenizer
 
 from datamodules.finetune import FinetuneDataModule
 from datamodules.tasks import LabelMap, TaskSpec, save_labels
-from models.config import BertConfig, GPTConfig
+from models.config import ModelConfig
 from models.heads import PAIR_SCORES, POOLINGS, SequenceClassifier, default_pair_score
-from pipeline.checkpoint.load import CheckpointSource, read_checkpoint, resolve_checkpoint
+from pipeline.checkpoint.head import HeadSpec, build_head
+from pipeline.checkpoint.load import load_backbone
 from pipeline.checkpoint.saving import AtomicCheckpointIO, CheckpointExtras
+from pipeline.checkpoint.source import CheckpointSource, read_checkpoint, resolve_checkpoint
 from pipeline.finetune.baselines import fit_linear
 from pipeline.finetune.results import BestCheckpoint, FinalScores, FinetuneResults
-from pipeline.finetune.task_module import (
-    HeadSpec,
-    TaskModule,
-    load_backbone,
-    reinitialize,
-    with_dropout,
-)
+from pipeline.finetune.task_module import TaskModule, reinitialize, with_dropout
 from pipeline.run.config_keys import (
     OPTIMIZER_ARGUMENTS,
     SCHEDULE_ARGUMENTS,
@@ -53,6 +48,7 @@ from pipeline.run.config_keys import (
     check_seed,
 )
 from pipeline.run.errors import ConfigError
+from pipeline.run.families import family_named
 from pipeline.run.folder import CHECKPOINT_DIR, RESULTS, refuse_overwrite
 from pipeline.run.launcher import command_overrides
 from pipeline.training.loggers import (
@@ -64,7 +60,7 @@ from pipeline.training.loggers import (
     tokenizer_fingerprint,
 )
 from pipeline.training.precision import best_precision
-from tokenizer import special_ids, write_text_atomic
+from tokenizer import special_ids
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +69,7 @@ log = logging.getLogger(__name__)
 MINI_WIDTH = 256
 
 
-def default_lr(config: BertConfig | GPTConfig) -> float:
+def default_lr(config: ModelConfig) -> float:
     """The fine-tuning learning rate when `optim.lr` is null, by model width: 2e-5 for large,
     3e-5 for base (the BERT paper's grid is 2e-5..5e-5), 5e-5 for small/medium and 1e-4 for
     mini/tiny models (Turc et al. 2019 found the small BERTs want the top of 3e-5..1e-4)."""
@@ -87,7 +83,7 @@ def default_lr(config: BertConfig | GPTConfig) -> float:
     return 2e-5
 
 
-def default_epochs(config: BertConfig | GPTConfig) -> int:
+def default_epochs(config: ModelConfig) -> int:
     """The fine-tuning epochs when `trainer.max_epochs` is null, by model width: 10 for
     mini/tiny models, whose 3-epoch fine-tunes stopped before they had learned the quick suite's
     2,000-example tasks (README, "Fine-tuning settings for mini widths": 3 seeds of the quick
@@ -121,12 +117,12 @@ def check_datamodule_keys(cfg: DictConfig) -> None:
     check_keys("datamodule", cfg.datamodule, FinetuneDataModule, supplied=DATAMODULE_ARGUMENTS)
 
 
-def optimizer_factory(cfg: DictConfig, config: BertConfig | GPTConfig):
+def optimizer_factory(cfg: DictConfig, config: ModelConfig):
     lr = cfg.optim.lr if cfg.optim.get("lr") is not None else default_lr(config)
     return instantiate(cfg.optim, lr=lr), lr
 
 
-def check_fits(max_seq_len: int, config: BertConfig | GPTConfig) -> None:
+def check_fits(max_seq_len: int, config: ModelConfig) -> None:
     """Sequences must fit the model's positions (BERT's learned ones, GPT's trained context)."""
     if max_seq_len > config.max_seq_len:
         raise ConfigError(
@@ -188,9 +184,11 @@ def build_datamodule(
     label_map: LabelMap | None = None,
     predict_task: TaskSpec | None = None,
     siamese: bool = False,
+    family: str,
 ) -> FinetuneDataModule:
-    """The task's datamodule with the `datamodule` settings of the config; `siamese`: a pair
-    task's texts encoded apart, for a siamese head."""
+    """The task's datamodule with the `datamodule` settings of the config, its texts put in
+    the model family's input template; `siamese`: a pair task's texts encoded apart, for a
+    siamese head."""
     return FinetuneDataModule(
         task,
         tokenizer,
@@ -198,6 +196,7 @@ def build_datamodule(
         label_map=label_map,
         predict_task=predict_task,
         siamese=siamese,
+        template=family_named(family).input_template,
         **settings,
     )
 
@@ -333,7 +332,8 @@ def finetune(
     refuse_overwrite("finetune", run_dir)
     task = task_from(cfg.get("task"))
     L.seed_everything(cfg.seed, workers=True)
-    source = source or resolve_checkpoint(cfg.ckpt)  # once, for the backbone and its wandb run
+    # resolved and read once; below, only `source` names the checkpoint
+    source = source or resolve_checkpoint(cfg.ckpt)
     pretrained = load_backbone(source)
     backbone, tokenizer, family = pretrained.model, pretrained.tokenizer, pretrained.family
     check_fits(cfg.datamodule.max_seq_len, backbone.config)
@@ -346,12 +346,13 @@ def finetune(
         dict(cfg.datamodule),
         cfg.seed,
         siamese=reads_pairs_apart(cfg, task, backbone.config.d_model),
+        family=family,
     )
     length = datamodule.sequence_length
     if cfg.from_scratch:  # every position starts random; this run trains up to `length`
         trained = length
     else:
-        warn_untrained_positions(length, pretrained.trained_seq_len, cfg.ckpt)
+        warn_untrained_positions(length, pretrained.trained_seq_len, source.argument)
         trained = (
             None if pretrained.trained_seq_len is None else max(pretrained.trained_seq_len, length)
         )
@@ -359,7 +360,11 @@ def finetune(
     head = head_spec(cfg, task, datamodule, backbone.config.d_model, tokenizer)
     optimizer, lr = optimizer_factory(cfg, backbone.config)
     module = TaskModule(
-        backbone, head, datamodule.eval_splits, optimizer, instantiate(cfg.schedule)
+        build_head(backbone, head),
+        head,
+        datamodule.eval_splits,
+        optimizer,
+        instantiate(cfg.schedule),
     )
     if head.pair_score == "alignment":
         fit_alignment_head(module.model, datamodule, task)
@@ -384,7 +389,7 @@ def finetune(
         cfg,
         run_dir,
         project=pretraining.get("project"),
-        group=pretraining.get("group") or Path(str(cfg.ckpt)).name,
+        group=pretraining.get("group") or Path(source.argument).name,
         name=f"{task.name}-{run_dir.name}",
         job_type="finetune",
     )
@@ -410,7 +415,8 @@ def finetune(
             task=task.name,
         )
     if trainer.is_global_zero and announce:
-        origin = f"random init ({family} as in {cfg.ckpt})" if cfg.from_scratch else cfg.ckpt
+        named = source.argument
+        origin = f"random init ({family} as in {named})" if cfg.from_scratch else named
         print(
             f"fine-tuning {family} ({origin}) on {task.name}: "
             f"{len(datamodule.examples(task.train_split)):,} training examples, "
@@ -429,8 +435,8 @@ def finetune(
         task=task.name,
         seed=cfg.seed,
         lr=lr,
-        init="random" if cfg.from_scratch else str(cfg.ckpt),
-        backbone=str(cfg.ckpt),
+        init="random" if cfg.from_scratch else source.argument,
+        backbone=source.argument,
         main_metric=head.metrics[0],
         main_split=datamodule.eval_splits[0],
         overrides=command_overrides(),
@@ -475,10 +481,6 @@ def split_metrics(logged: dict[str, Any], splits: list[str]) -> dict[str, dict[s
         if len(parts) >= 3 and parts[0] == "val" and parts[1] in out:
             out[parts[1]][parts[2]] = float(value)
     return out
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    write_text_atomic(path, json.dumps(payload, indent=2) + "\n")
 
 
 def print_finetune_summary(

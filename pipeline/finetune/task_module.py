@@ -10,131 +10,38 @@ Logged: `train/loss` and `train/lr` per step; per evaluation split `val/<split>/
 
 A fine-tuned checkpoint holds, besides Lightning's entries, `model_config` (the backbone's
 architecture), `tokenizer`, `config` (the resolved run config) and `finetune` (task, labels,
-head settings), so `load_finetuned` rebuilds the model from the file alone.
+head settings: `pipeline.checkpoint.head.HeadSpec`), so `pipeline.checkpoint.load.load_finetuned`
+rebuilds the model from the file alone.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
+from dataclasses import fields, replace
 from typing import Any
 
 import lightning as L
 import torch
-from tokenizers import Tokenizer
 from torch import nn
 
-from datamodules.tasks import LabelMap
-from models.config import BertConfig, GPTConfig, require_probability
-from models.heads import PAIR_SCORES, DocumentClassifier, SequenceClassifier, sequence_loss
-from pipeline.checkpoint.load import (
-    CheckpointSource,
-    Pretrained,
-    load_pretrained,
-    model_state,
-    resolve_checkpoint,
-)
+from models.config import ModelConfig, require_probability
+from models.heads import DocumentClassifier, SequenceClassifier, sequence_loss
+from pipeline.checkpoint.head import HeadSpec, task_backbone
 from pipeline.checkpoint.record import CheckpointRecord
 from pipeline.finetune.metrics import task_metrics
-from pipeline.run.errors import CheckpointLoadError, ConfigError
-from pipeline.run.families import family_named
+from pipeline.run.errors import ConfigError
 from pipeline.training.optim import build_optimizer
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class HeadSpec:
-    """What the head predicts: the task's labels and metrics, and how documents are pooled.
-
-    Attributes:
-        task: the task name.
-        label_map: class names <-> ids (regression: one output).
-        metrics: metric names, main one first (the one that selects the best checkpoint).
-        aggregate: for sliding-window documents, "mean", "max" or "attention"; None for
-            single sequences.
-        dropout: dropout before the output layer.
-        pooling: the sequence features: None for the family's own, "mean" for the mean
-            token state (`models.heads.SequenceClassifier`).
-        siamese: a pair task whose two texts are encoded apart (batches of 2B rows).
-        pair_score: how a siamese head scores a pair, "features", "cosine" or "alignment"
-            (`models.heads.PAIR_SCORES`).
-        special_ids: the tokenizer's special token ids, which an alignment head leaves out.
-        target: regression only: (mean, std) of the training targets, which the head's
-            output is scaled by (`models.heads.SequenceClassifier`).
-    """
-
-    task: str
-    label_map: LabelMap
-    metrics: tuple[str, ...]
-    aggregate: str | None = None
-    dropout: float = 0.1
-    pooling: str | None = None
-    siamese: bool = False
-    pair_score: str = "features"
-    target: tuple[float, float] = (0.0, 1.0)
-    special_ids: tuple[int, ...] = ()
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "kind": self.label_map.kind,
-            "labels": list(self.label_map.labels),
-            "metrics": list(self.metrics),
-            "aggregate": self.aggregate,
-            "dropout": self.dropout,
-            "pooling": self.pooling,
-            "siamese": self.siamese,
-            "pair_score": self.pair_score,
-            "target": list(self.target),
-            "special_ids": list(self.special_ids),
-        }
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> HeadSpec:
-        pair_score = record.get("pair_score", "features")  # older checkpoints: features
-        if pair_score not in PAIR_SCORES:
-            raise ValueError(f"unknown pair_score {pair_score!r} (known: {PAIR_SCORES})")
-        return cls(
-            task=record["task"],
-            label_map=LabelMap(record["kind"], tuple(record["labels"])),
-            metrics=tuple(record["metrics"]),
-            aggregate=record.get("aggregate"),
-            dropout=float(record.get("dropout", 0.1)),
-            pooling=record.get("pooling"),  # older checkpoints: the family's own, joint pairs
-            siamese=bool(record.get("siamese", False)),
-            pair_score=pair_score,
-            target=tuple(float(t) for t in record.get("target", (0.0, 1.0))),
-            special_ids=tuple(int(i) for i in record.get("special_ids", ())),
-        )
-
-
-def build_head(backbone: nn.Module, head: HeadSpec) -> SequenceClassifier | DocumentClassifier:
-    """The task model on `backbone` (a pretraining model's LM heads are dropped)."""
-    classifier = SequenceClassifier(
-        backbone,
-        head.label_map.num_labels,
-        dropout=head.dropout,
-        pooling=head.pooling,
-        siamese=head.siamese,
-        pair_score=head.pair_score,
-        target=head.target,
-        special_ids=head.special_ids,
-    )
-    if head.aggregate is None:
-        return classifier
-    return DocumentClassifier(classifier, head.aggregate)
-
-
 class TaskModule(L.LightningModule):
-    """Fine-tunes `backbone` on a task.
+    """Fine-tunes a task model (a backbone under a head) on a task.
 
     Args:
-        backbone: `BertForPreTraining`/`BertModel` or `GPT`/`GPTModel` with trained (or fresh)
-            weights.
+        model: the task model, `build_head(backbone, head)` (pipeline/checkpoint/head.py) on a
+            `BertForPreTraining`/`BertModel` or `GPT`/`GPTModel` with trained (or fresh) weights.
         head: the task's labels, metrics and document pooling.
         eval_splits: names of the evaluation splits, in `val_dataloader()` order.
         optimizer: a partial optimizer (`conf/optim/`), bound here with weight-decay groups.
@@ -144,7 +51,7 @@ class TaskModule(L.LightningModule):
 
     def __init__(
         self,
-        backbone: nn.Module,
+        model: SequenceClassifier | DocumentClassifier,
         head: HeadSpec,
         eval_splits: list[str],
         optimizer: Callable[..., torch.optim.Optimizer] | None = None,
@@ -152,9 +59,9 @@ class TaskModule(L.LightningModule):
     ) -> None:
         super().__init__()
         # train mode: a loaded backbone comes in eval mode, and Lightning keeps modes as found
-        self.model = build_head(backbone, head).train()
+        self.model = model.train()
         self.head = head
-        self.model_config: BertConfig | GPTConfig = backbone.config
+        self.model_config: ModelConfig = task_backbone(model).config
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.set_eval_splits(eval_splits)
 
@@ -254,85 +161,6 @@ class TaskModule(L.LightningModule):
         ).write_into(checkpoint)
 
 
-# --- loading -------------------------------------------------------------------------------------
-
-
-@dataclass
-class Finetuned:
-    """A fine-tuned model (eval mode, CPU) with its tokenizer and head settings."""
-
-    module: TaskModule
-    tokenizer: Tokenizer
-    family: str
-    source: Path
-    config: dict[str, Any]
-    trained_seq_len: int | None = None
-
-
-def load_finetuned(given: str | os.PathLike | CheckpointSource) -> Finetuned:
-    """Load a fine-tuned model from its checkpoint file or run folder.
-
-    Raises:
-        CheckpointLoadError: the path is missing, unreadable, or not a fine-tuned checkpoint
-            (the message says what it is instead and what to give).
-    """
-    if not isinstance(given, CheckpointSource):
-        folder = Path(given).expanduser()
-        if not folder.exists():
-            raise CheckpointLoadError(
-                f"ckpt={str(given)!r} does not exist; give a fine-tuning run folder "
-                "(outputs/finetune/<task>/<run>/) or its checkpoints/best.ckpt"
-            )
-        if folder.is_dir() and not list(folder.glob("checkpoints/*.ckpt")):
-            raise CheckpointLoadError(
-                f"{given} holds no checkpoints/best.ckpt or last.ckpt: the fine-tuning run did "
-                "not finish an epoch; give a finished run folder or a *.ckpt file"
-            )
-    source = resolve_checkpoint(given)
-    if source.kind != "finetuned":
-        raise CheckpointLoadError(
-            f"{source.path} is not a fine-tuned model (no 'finetune' entry): it looks like "
-            "a pretrained one; fine-tune it first with `make finetune task=... ckpt=...`"
-        )
-    file, record = source.path, source.record
-    family, config = record.model(file)
-    tokenizer = record.stored_tokenizer(file)
-    try:
-        head = HeadSpec.from_record(record.finetune)
-    except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointLoadError(f"{file}: damaged 'finetune' entry ({err!r})") from err
-    module = TaskModule(family_named(family).backbone_class(config), head, eval_splits=["dev"])
-    try:
-        module.model.load_state_dict(model_state(source.contents))
-    except RuntimeError as err:
-        raise CheckpointLoadError(
-            f"{file}: the weights do not fit the stored architecture "
-            f"({str(err).splitlines()[0]}); the file is damaged or was edited"
-        ) from err
-    module.eval()
-    return Finetuned(module, tokenizer, family, file, dict(record.config), record.trained_seq_len)
-
-
-def load_backbone(given: str | os.PathLike | CheckpointSource) -> Pretrained:
-    """The backbone to fine-tune (as `model`) with its tokenizer and trained length.
-
-    Takes a pretraining checkpoint or run folder, an HF folder (ours or any BERT/Llama one the
-    models package imports), or a fine-tuned model (its backbone, e.g. MNLI -> RTE)."""
-    source = resolve_checkpoint(given)
-    if source.kind == "finetuned":
-        tuned = load_finetuned(source)
-        model = tuned.module.model
-        classifier = model.classifier if isinstance(model, DocumentClassifier) else model
-        return Pretrained(
-            tuned.family,
-            classifier.backbone,
-            tuned.tokenizer,
-            tuned.source,
-            tuned.trained_seq_len,
-        )
-    return load_pretrained(source)
-
-
 def reinitialize(backbone: nn.Module) -> nn.Module:
     """The same architecture with fresh weights (the from-scratch baseline)."""
     return type(backbone)(backbone.config)
@@ -372,12 +200,7 @@ def with_dropout(backbone: nn.Module, **rates: float | None) -> nn.Module:
 
 
 __all__ = [
-    "Finetuned",
-    "HeadSpec",
     "TaskModule",
-    "build_head",
-    "load_backbone",
-    "load_finetuned",
     "reinitialize",
     "with_dropout",
 ]

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from models.bert import BertForPreTraining
 from pipeline.checkpoint.load import Pretrained, inference_autocast
 from pipeline.run.errors import CheckpointLoadError, ConfigError
+from pipeline.run.families import family_named
 from tokenizer.special import MASK
 
 
@@ -51,10 +51,12 @@ def mask_probabilities(
         CheckpointLoadError: the model has no MLM head, or the tokenizer no [MASK].
     """
     model = pretrained.model
-    if not isinstance(model, BertForPreTraining):
+    family = family_named(pretrained.family)
+    if not isinstance(model, family.model_class):  # a backbone alone (a head-less HF export)
         raise CheckpointLoadError(
-            f"{pretrained.source} holds a {type(model).__name__}, not a BERT with its MLM head; "
-            "fill-mask needs a BertForPreTraining checkpoint (a run's checkpoint or hf/ export)"
+            f"{pretrained.source} holds a {type(model).__name__}, not a {family.name.upper()} "
+            f"with its MLM head; fill-mask needs a {family.model_class.__name__} checkpoint (a "
+            "run's checkpoint or hf/ export)"
         )
     mask_id = pretrained.tokenizer.token_to_id(MASK)
     if mask_id is None:

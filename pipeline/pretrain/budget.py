@@ -2,10 +2,11 @@
 its warmup and decay at the deadline on any machine, and `trainer.max_steps` is only an upper
 bound.
 
-How: the schedule is built for `trainer.max_steps` schedule steps, and a `Pace` maps the run's
-optimizer steps onto them. `TimeBudget` times the steps and plans how many the budget holds
-(deciding a bounded number of times: after a few calibration steps, then each time another
-tenth of the budget has passed, and at 95%). Each decision prices a step as what the steps
+How: the schedule is built for `trainer.max_steps` schedule steps (`RunLength`, the run's length
+parsed once), and a `Pace` (pipeline/training/schedules.py) maps the run's optimizer steps onto
+them. `TimeBudget` times the steps and plans how many the budget holds (deciding a bounded
+number of times: after a few calibration steps, then each time another tenth of the budget has
+passed, and at 95%). Each decision prices a step as what the steps
 since the previous decision took (so a machine that slows down, say when another job starts, is
 seen at the next decision), plus the time this process spent between steps so far (validations,
 checkpoints, probes, fetching batches) spread over all its steps (so a validation or a save
@@ -29,12 +30,13 @@ import logging
 import math
 import re
 import time
-from bisect import bisect_right
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
 
 from pipeline.training.lightning_compat import set_max_steps, step_boundary
+from pipeline.training.schedules import Pace
 
 log = logging.getLogger(__name__)
 
@@ -69,60 +71,35 @@ def parse_duration(text: object) -> float:
     return seconds
 
 
-def budget_seconds(trainer: Any) -> float | None:
-    """The run's budget in seconds, from its trainer config (`trainer.budget`; None: none)."""
-    budget = trainer.get("budget")
-    return None if budget is None else parse_duration(budget)
+@dataclass(frozen=True)
+class RunLength:
+    """How long a pretraining run is, parsed once from its trainer config (by
+    `pipeline.pretrain.checks.check_config`, which carries it on the `RunPlan`): the checks,
+    the schedule's length and the budget's planner all read this one value.
 
+    Attributes:
+        max_steps: `trainer.max_steps`: the schedule's length in optimizer steps, and with a
+            budget the most steps the run may take.
+        budget_s: `trainer.budget` in seconds; None: the run takes `max_steps` steps.
+    """
 
-class Pace:
-    """Maps optimizer steps to schedule steps: `pace(s)` is where the schedule stands once `s`
-    optimizer steps are done. The schedule spans `schedule_steps`, the run plans `planned`
-    optimizer steps, and each re-plan adds a knot where the mapping bends (piecewise linear,
-    continuous, reaching `schedule_steps` when the planned steps are done)."""
+    max_steps: int
+    budget_s: float | None = None
 
-    def __init__(self, schedule_steps: int) -> None:
-        self.schedule_steps = schedule_steps
-        self.planned = schedule_steps
-        self.knots: list[tuple[int, float]] = [(0, 0.0)]  # (optimizer step, schedule step)
+    @classmethod
+    def of(cls, trainer: Any) -> RunLength:
+        """The run length of a trainer config (`max_steps`, `budget`).
 
-    def __call__(self, step: float) -> float:
-        index = max(0, bisect_right([s for s, _ in self.knots], step) - 1)
-        start, at = self.knots[index]
-        end, to = (
-            self.knots[index + 1]
-            if index + 1 < len(self.knots)
-            else (self.planned, float(self.schedule_steps))
-        )
-        if step <= start:
-            return at
-        if end <= start:
-            return float(self.schedule_steps)
-        return min(float(self.schedule_steps), at + (step - start) * (to - at) / (end - start))
-
-    def replan(self, step: int, planned: int) -> None:
-        """With `step` optimizer steps done, reach the schedule's end when `planned` are.
-
-        The rate of the next step was set when the last one ended (Lightning steps the
-        schedule before callbacks see the step), so the mapping bends after it: that rate stays
-        what it was, in this process and in one resumed from a checkpoint of this step.
+        Raises:
+            ValueError: a budget that is not a positive duration.
         """
-        bend = step + 1
-        self.knots = [k for k in self.knots if k[0] < bend] + [(bend, self(bend))]
-        self.planned = planned
+        budget = trainer.get("budget")
+        return cls(trainer.max_steps, None if budget is None else parse_duration(budget))
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "schedule_steps": self.schedule_steps,
-            "planned": self.planned,
-            "knots": [list(k) for k in self.knots],
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        # resumed with another trainer.max_steps: the same fractions of the longer schedule
-        scale = self.schedule_steps / state.get("schedule_steps", self.schedule_steps)
-        self.planned = int(state["planned"])
-        self.knots = [(int(s), float(v) * scale) for s, v in state["knots"]]
+    def pace(self) -> Pace | None:
+        """A new mapping of a budgeted run's steps onto its schedule (None without a budget:
+        the schedule's steps are the run's)."""
+        return Pace(self.max_steps) if self.budget_s is not None else None
 
 
 class TimeBudget(L.Callback):
@@ -130,7 +107,7 @@ class TimeBudget(L.Callback):
 
     Args:
         seconds: the budget.
-        pace: the mapping the run's schedule reads (`Pace(trainer.max_steps)`).
+        pace: the mapping the run's schedule reads (`RunLength.pace()`).
         calibration_steps: steps timed before the first plan (the first step of a process,
             which pays for one-time set-up, is never timed).
         margin: the fraction of the budget kept free for the end of the run (the last

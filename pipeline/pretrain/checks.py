@@ -23,8 +23,8 @@ from datamodules.objective import (
     phase_plan,
 )
 from datamodules.pretrain import PretrainDataModule
-from models.config import BertConfig, GPTConfig
-from pipeline.pretrain.budget import budget_seconds
+from models.config import ModelConfig
+from pipeline.pretrain.budget import RunLength
 from pipeline.pretrain.corpus_init import OUTPUT_BIAS_CHOICES
 from pipeline.run.config_keys import (
     OPTIMIZER_ARGUMENTS,
@@ -35,7 +35,7 @@ from pipeline.run.config_keys import (
     check_seed,
 )
 from pipeline.run.errors import ConfigError, UnknownFamilyError
-from pipeline.run.families import family_of_config
+from pipeline.run.families import Family, family_of_config
 from pipeline.training.schedules import resolve_warmup
 from tokenizer import TokenizerSpec
 
@@ -51,10 +51,11 @@ class RunPlan:
     """The checked parts of a pretraining run."""
 
     family: str
-    model: BertConfig | GPTConfig
+    model: ModelConfig
     tokenizer: TokenizerSpec
     objective: MaskedLMObjective | CausalLMObjective
     corpus: Any
+    length: RunLength  # trainer.max_steps and trainer.budget, parsed once
 
 
 def build(key: str, node: DictConfig, **kwargs: Any) -> Any:
@@ -107,16 +108,16 @@ def check_config(cfg: DictConfig) -> RunPlan:
     _check_muon(cfg.optim, cfg.trainer)
     _check_probe(cfg.get("probe"), cfg.trainer)
     _check_word_vectors(cfg.get("word_vectors"), cfg.trainer)
-    _check_output_bias(cfg.get("output_bias", "zeros"), family.name, cfg.trainer)
+    _check_output_bias(cfg.get("output_bias", "zeros"), family, cfg.trainer)
     _check_trainer(cfg.trainer)
-    _check_budget(cfg.trainer, cfg.schedule)
+    length = _check_budget(cfg.trainer, cfg.schedule)
     _check_run(cfg)
     try:
-        resolve_warmup(cfg.trainer.max_steps, cfg.schedule.warmup_steps, cfg.schedule.warmup_ratio)
+        resolve_warmup(length.max_steps, cfg.schedule.warmup_steps, cfg.schedule.warmup_ratio)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     corpus = build("data", cfg.data)
-    return RunPlan(family.name, model, tokenizer, objective, corpus)
+    return RunPlan(family.name, model, tokenizer, objective, corpus, length)
 
 
 # The settings read one by one from the `checkpoint` and `module` nodes of a pretraining config.
@@ -201,15 +202,16 @@ def _check_positions(max_seq_len: int, seq_len: int) -> None:
         )
 
 
-def _check_budget(trainer: DictConfig, schedule: DictConfig) -> None:
-    """A time budget paces the schedule (pipeline/pretrain/budget.py): it replaces `max_time`, and the
-    warmup must be a fraction of the run, whose length in steps is not known in advance."""
+def _check_budget(trainer: DictConfig, schedule: DictConfig) -> RunLength:
+    """The run's length, its budget parsed. A time budget paces the schedule
+    (pipeline/pretrain/budget.py): it replaces `max_time`, and the warmup must be a fraction of
+    the run, whose length in steps is not known in advance."""
     try:
-        seconds = budget_seconds(trainer)
+        length = RunLength.of(trainer)
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    if seconds is None:
-        return
+    if length.budget_s is None:
+        return length
     if trainer.max_time is not None:
         raise ConfigError(
             f"trainer.budget={trainer.budget} and trainer.max_time={trainer.max_time} are both "
@@ -221,6 +223,7 @@ def _check_budget(trainer: DictConfig, schedule: DictConfig) -> None:
             "trainer.budget does not know its steps in advance; give the warmup as a fraction "
             "of the run: schedule.warmup_steps=null schedule.warmup_ratio=0.05"
         )
+    return length
 
 
 def _check_muon(optim: DictConfig, trainer: DictConfig) -> None:
@@ -267,7 +270,7 @@ def _check_word_vectors(node: DictConfig | None, trainer: DictConfig) -> None:
         raise ConfigError(f"word_vectors.window={window!r}: use a positive integer, e.g. 5")
 
 
-def _check_output_bias(choice: object, family: str, trainer: DictConfig) -> None:
+def _check_output_bias(choice: object, family: Family, trainer: DictConfig) -> None:
     """`output_bias=unigram` sets BERT's masked-LM bias, whole, on each process
     (pipeline/pretrain/corpus_init.py)."""
     if choice not in OUTPUT_BIAS_CHOICES:
@@ -277,9 +280,9 @@ def _check_output_bias(choice: object, family: str, trainer: DictConfig) -> None
         )
     if choice == "zeros":
         return
-    if family != "bert":
+    if not family.output_bias:
         raise ConfigError(
-            f"output_bias={choice} needs an output bias, and a {family} model's output layer has "
+            f"output_bias={choice} needs an output bias, and a {family.name} model's output layer has "
             "none (the Llama layout); drop it (output_bias=zeros)"
         )
     _refuse_sharded(trainer, f"output_bias={choice}", "drop it (output_bias=zeros)")

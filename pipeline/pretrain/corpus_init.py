@@ -57,10 +57,10 @@ def unigram_log_frequencies(
 def output_bias(model: torch.nn.Module) -> torch.nn.Parameter:
     """The bias of a model's output layer over the vocabulary: BERT's masked-LM bias. GPT's
     output layer has none (the Llama layout), so it is an error there."""
-    bias = getattr(model, "mlm_bias", None)
+    bias = model.output_bias
     if bias is None:
         raise ValueError(
-            f"{type(model).__name__} has no output bias; output_bias=unigram is BERT's"
+            f"{type(model).__name__} has no output bias; output_bias=unigram needs one (BERT's)"
         )
     return bias
 

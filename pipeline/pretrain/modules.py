@@ -21,7 +21,7 @@ from torchmetrics import MeanMetric
 
 from datamodules.batches import STEP_TOTAL, LossCount
 from models.bert import BertForPreTraining, pretraining_loss
-from models.config import BertConfig, GPTConfig
+from models.config import BertConfig, GPTConfig, ModelConfig
 from models.flops import flops_per_token, param_count
 from models.gpt import GPT
 from pipeline.run.errors import NonFiniteLossError
@@ -37,9 +37,12 @@ class PretrainModule(L.LightningModule):
     Args:
         model_config: `BertConfig` or `GPTConfig` with the tokenizer's vocabulary size.
         optimizer: a partial optimizer (`conf/optim/`), bound here with weight-decay groups.
-        scheduler: a partial schedule (`conf/schedule/`), bound with the optimizer and the
-            run's total optimizer steps.
+        scheduler: a partial schedule (`conf/schedule/`), bound here with the optimizer and
+            `schedule_steps`.
         max_nonfinite_steps: stop after this many consecutive skipped steps.
+        schedule_steps: the schedule's length in optimizer steps: the run's
+            `RunLength.max_steps` (pipeline/pretrain/budget.py), which a budgeted run's pace
+            maps its steps onto. Needed by a module that trains.
     """
 
     perplexity_of = "loss"  # the loss whose exp is the perplexity
@@ -48,16 +51,18 @@ class PretrainModule(L.LightningModule):
 
     def __init__(
         self,
-        model_config: BertConfig | GPTConfig,
+        model_config: ModelConfig,
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Callable[..., Any],
         max_nonfinite_steps: int = 10,
+        schedule_steps: int | None = None,
     ) -> None:
         super().__init__()
         self.model_config = model_config
         self.model = self.build_model(model_config)
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
+        self.schedule_steps = schedule_steps
         self.max_nonfinite_steps = max_nonfinite_steps
         self.nonfinite_in_a_row = 0
         self.nonfinite_total = 0
@@ -270,9 +275,12 @@ class PretrainModule(L.LightningModule):
     def configure_optimizers(self):
         optimizer = build_optimizer(self.model, self.optimizer_factory)
         self._configured_hyperparameters = group_hyperparameters(optimizer)
-        total = self.trainer.max_steps
+        total = self.schedule_steps
         if total is None or total <= 0:
-            raise ValueError("trainer.max_steps must be set: the schedule needs the run length")
+            raise ValueError(
+                f"schedule_steps={total}: the schedule needs the run's length in optimizer steps "
+                "(trainer.max_steps)"
+            )
         scheduler = self.scheduler_factory(optimizer, total_steps=total)
         return {
             "optimizer": optimizer,

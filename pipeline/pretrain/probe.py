@@ -47,7 +47,7 @@ from models.heads import (
 )
 from pipeline.finetune.baselines import dev_scores, fit_linear, predict_linear, standardize
 from pipeline.pretrain.checks import WITHOUT_PROBES
-from tokenizer import special_ids
+from tokenizer import InputTemplate, special_ids
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,7 @@ class Probe(L.Callback):
         train_examples: int = 500,
         dev_examples: int = 500,
         batch_size: int = 64,
+        template: InputTemplate | None = None,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"probe.every_n_steps={every_n_steps}: use 1 or more")
@@ -118,6 +119,7 @@ class Probe(L.Callback):
                 train_examples=train_examples,
                 eval_examples=dev_examples,
                 siamese=task.is_pair,
+                template=template,
             )
             module.setup("fit")
             self.data.append(

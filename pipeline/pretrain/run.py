@@ -24,16 +24,16 @@ from datamodules.objective import trained_seq_len
 from datamodules.pretrain import PretrainDataModule
 from models.hf import export_hf
 from pipeline.checkpoint.interrupt import GracefulStop
-from pipeline.checkpoint.load import CheckpointSource, load_pretrained
+from pipeline.checkpoint.load import load_pretrained
 from pipeline.checkpoint.saving import (
     AtomicCheckpointIO,
     CheckpointExtras,
     check_compatible,
     checkpoint_callbacks,
-    resume_checkpoint,
 )
+from pipeline.checkpoint.source import CheckpointSource, resolve_resume
 from pipeline.finetune.run import task_from
-from pipeline.pretrain.budget import Pace, TimeBudget, budget_seconds
+from pipeline.pretrain.budget import TimeBudget
 from pipeline.pretrain.checks import WITHOUT_PROBES, RunPlan
 from pipeline.pretrain.corpus_init import CorpusInit
 from pipeline.pretrain.modules import PretrainModule
@@ -102,7 +102,7 @@ def build_trainer(
             ValidateLastStep(),
             GracefulStop(),
             *progress_bar(cfg.trainer),
-            *checkpoint_callbacks(run_dir, **cfg.checkpoint),
+            *checkpoint_callbacks(run_dir, **cfg.checkpoint, resumed=resumed),
         ],
         plugins=[AtomicCheckpointIO(already_read=resumed)],
     )
@@ -125,7 +125,7 @@ def build_datamodule(cfg: DictConfig, plan: RunPlan, tokenizer: Tokenizer) -> Pr
         cfg.paths.cache_dir,
         seed=cfg.seed,
         micro_batches=cfg.trainer.accumulate_grad_batches,
-        max_steps=cfg.trainer.max_steps,
+        max_steps=plan.length.max_steps,
         **cfg.datamodule,
     )
 
@@ -143,13 +143,14 @@ def assemble(
     model_config = sized_model_config(plan, tokenizer)
     datamodule = build_datamodule(cfg, plan, tokenizer)
     # a run with a time budget paces its schedule by the steps the budget holds
-    seconds = budget_seconds(cfg.trainer)
-    pace = Pace(cfg.trainer.max_steps) if seconds is not None else None
+    length = plan.length
+    pace = length.pace()
     module = family_named(plan.family).pretraining_module()(
         model_config,
         optimizer=instantiate(cfg.optim),
         scheduler=instantiate(cfg.schedule, pace=pace),
         max_nonfinite_steps=cfg.module.max_nonfinite_steps,
+        schedule_steps=length.max_steps,
     )
     if cfg.module.compile:
         module.model.compile()  # in place: parameter names (and checkpoints) stay the same
@@ -158,7 +159,7 @@ def assemble(
         OmegaConf.to_container(cfg, resolve=True),
         trained_seq_len=functools.partial(trained_seq_len, datamodule.phases),
     )
-    budget = TimeBudget(seconds, pace) if pace is not None else None
+    budget = TimeBudget(length.budget_s, pace) if pace is not None else None
     probe = build_probe(cfg.get("probe"), tokenizer, plan)
     corpus_init = build_corpus_init(cfg) if resumed is None else None  # else the checkpoint's
     trainer = build_trainer(
@@ -196,6 +197,7 @@ def build_probe(node: DictConfig | None, tokenizer: Tokenizer, plan: RunPlan) ->
             train_examples=node.train_examples,
             dev_examples=node.dev_examples,
             batch_size=node.batch_size,
+            template=family_named(plan.family).input_template,
         )
     except ValueError as err:  # TaskDataError (a missing file, a bad column), ConfigError
         raise ConfigError(f"probe: {err}; or {WITHOUT_PROBES}") from err
@@ -220,7 +222,7 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
     L.seed_everything(cfg.seed, workers=True)
     run_dir = Path(cfg.paths.output_dir)
     # read once: the compatibility checks below and Lightning's restore share its contents
-    resumed = resume_checkpoint(cfg.resume, run_dir, first_process=first_process())
+    resumed = resolve_resume(cfg.resume, run_dir, first_process=first_process())
     resume_from = resumed.path if resumed is not None else None
     tokenizer = resumed_tokenizer(resumed, cfg)
     if tokenizer is None:
@@ -253,8 +255,10 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
     if trainer.is_global_zero:
         # From the final checkpoint, which holds the whole model under any strategy (under
         # FSDP each process only holds a shard of `module.model`).
-        final = load_pretrained(trainer.checkpoint_callback.last_model_path)
-        export_dir = export_hf(final.model, run_dir / "hf", tokenizer=tokenizer)
+        export_dir = None
+        if family_named(plan.family).hf_auto_class is not None:  # a family with an HF mapping
+            final = load_pretrained(trainer.checkpoint_callback.last_model_path)
+            export_dir = export_hf(final.model, run_dir / "hf", tokenizer=tokenizer)
         tracking = log_run_end(trainer.loggers, hf_export=str(export_dir))
         print_summary(trainer, run_dir, export_dir, plan.family, tracking)
 
@@ -262,7 +266,7 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
 def print_summary(
     trainer: L.Trainer,
     run_dir: Path,
-    export_dir: Path,
+    export_dir: Path | None,
     family: str,
     tracking: dict[str, str] | None = None,
 ) -> None:
@@ -285,6 +289,7 @@ def print_summary(
         print(f"  {label:<11} {value}")
     target, example = family_named(family).try_command
     print(f"next: {shlex.join(['make', target, f'ckpt={run_dir}', example])}")
-    print(f"      or load {export_dir} with transformers.{family_named(family).hf_auto_class}")
+    if export_dir is not None:
+        print(f"      or load {export_dir} with transformers.{family_named(family).hf_auto_class}")
     if places["metrics"].exists():
         print(f"report: {shlex.join(['make', 'report', f'run={run_dir}'])}")

@@ -154,10 +154,9 @@ def randomized_svd(
 
 
 def word_embedding(model: torch.nn.Module) -> torch.nn.Embedding:
-    """The token embedding of a BERT or GPT model (BERT's MLM decoder, and GPT's output layer
+    """The token embedding of any family's model (BERT's MLM decoder, and GPT's output layer
     unless `tie_embeddings=false`, share it, so they start from the same vectors)."""
-    backbone = backbone_of(model)
-    return backbone.embeddings.word if hasattr(backbone, "embeddings") else backbone.tok_emb
+    return backbone_of(model).word_embeddings
 
 
 @torch.no_grad()

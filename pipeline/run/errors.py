@@ -39,7 +39,8 @@ class NonFiniteLossError(RuntimeError):
 
 
 class ResultsError(ValueError):
-    """A results.json that cannot be read as a fine-tuning run's record."""
+    """A record of results that cannot be read: a fine-tuning run's results.json, an
+    eval_<task>.json, a suite task's baselines.json or a sweep_summary.json."""
 
 
 class SuiteRecordError(ValueError):

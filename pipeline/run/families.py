@@ -25,6 +25,14 @@ from models.bert import BertForPreTraining, BertLayer, BertModel
 from models.config import BertConfig, GPTConfig, round_up
 from models.gpt import GPT, GPTBlock, GPTModel
 from pipeline.run.errors import UnknownFamilyError
+from tokenizer import BPE_TEMPLATE, TEMPLATE_BY_KIND, WORDPIECE_TEMPLATE, InputTemplate
+
+# What a trained model can do without training, by the command that does it.
+INFERENCE = {
+    "fill-mask": "an MLM head to guess masked words",
+    "generate": "a causal model to continue a text",
+    "score": "a causal model to score a text",
+}
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,18 @@ class Family:
         vocab_multiple: embedding rows are padded to a multiple of this (fast matmuls; BERT
             keeps 1 so its exports match the tokenizer).
         try_command: the make target and free-text argument that try a trained model.
-        hf_auto_class: the `transformers` auto class that loads its HF export.
+        hf_auto_class: the `transformers` auto class that loads its HF export; None: the family
+            has no HF mapping (`models.hf`), and a run exports no hf/ folder.
+        output_bias: its pretrained model has a bias on the output layer over the vocabulary
+            (`model.output_bias`, which `output_bias=unigram` sets); GPT's has none.
+        inference: what a trained model of the family does without training (`INFERENCE`):
+            "fill-mask" (an MLM head), "generate" and "score" (a causal LM).
+        input_template: the special tokens around one or two texts when it is fine-tuned;
+            None: the template of its tokenizer kind (`tokenizer.TEMPLATE_BY_KIND`).
+
+    The model and backbone classes answer `models.heads.Backbone` (`backbone()`,
+    `word_embeddings`, `token_states`, `sequence_features`), which task heads, probes and word
+    vectors use for any family.
     """
 
     name: str
@@ -62,7 +81,20 @@ class Family:
     module_class: type[Any] | str
     vocab_multiple: int
     try_command: tuple[str, str]
-    hf_auto_class: str
+    hf_auto_class: str | None
+    output_bias: bool = False
+    inference: frozenset[str] = frozenset()
+    input_template: InputTemplate | None = None
+
+    def __post_init__(self) -> None:
+        unknown = self.inference - INFERENCE.keys()
+        if unknown:
+            raise ValueError(f"family {self.name!r}: unknown inference {sorted(unknown)}")
+        if self.input_template is None:
+            object.__setattr__(self, "input_template", TEMPLATE_BY_KIND[self.tokenizer_kind])
+
+    def supports(self, inference: str) -> bool:
+        return inference in self.inference
 
     def pretraining_module(self) -> type[Any]:
         """The LightningModule class that pretrains this family."""
@@ -130,6 +162,9 @@ register(
         vocab_multiple=1,
         try_command=("fill-mask", "text=The capital of France is [MASK]."),
         hf_auto_class="AutoModelForPreTraining",
+        output_bias=True,
+        inference=frozenset({"fill-mask"}),
+        input_template=WORDPIECE_TEMPLATE,
     )
 )
 register(
@@ -145,5 +180,7 @@ register(
         vocab_multiple=64,
         try_command=("generate", "prompt=The history of"),
         hf_auto_class="AutoModelForCausalLM",
+        inference=frozenset({"generate", "score"}),
+        input_template=BPE_TEMPLATE,
     )
 )

@@ -31,7 +31,6 @@ and no job can finish before every process has joined it.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -43,22 +42,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.task_files import task_examples
-from pipeline.checkpoint.load import resolve_checkpoint
+from pipeline.checkpoint.load import load_backbone
+from pipeline.checkpoint.source import resolve_checkpoint
 from pipeline.finetune.baselines import baseline_scores
+from pipeline.finetune.results import Baselines
 from pipeline.finetune.run import check_finetune_keys, finetune, task_from
-from pipeline.finetune.task_module import load_backbone, with_dropout
+from pipeline.finetune.task_module import with_dropout
 from pipeline.run.errors import ConfigError, SuiteRecordError
 from pipeline.run.folder import RESULTS, SUITE_RECORD, first_process
-from pipeline.suites.summary import (
-    BASELINES,
-    INITS,
-    SCRATCH,
-    Job,
-    SuiteSummary,
-    read_suite_record,
-    summarize_suite,
-)
-from tokenizer import write_text_atomic
+from pipeline.suites.record import SuiteRecord
+from pipeline.suites.summary import BASELINES, INITS, SCRATCH, Job, SuiteSummary, summarize_suite
 
 log = logging.getLogger(__name__)
 
@@ -155,19 +148,19 @@ def job_config(
 # --- running ----------------------------------------------------------------------------------
 
 
-def suite_record(cfg: DictConfig, tasks: Sequence[SuiteTask], seeds: Sequence[int]) -> dict:
+def suite_record(cfg: DictConfig, tasks: Sequence[SuiteTask], seeds: Sequence[int]) -> SuiteRecord:
     """What a suite folder was started with; a resumed suite must match it."""
-    return {
-        "ckpt": str(cfg.ckpt),
-        "tasks": {t.name: t.settings for t in tasks},
-        "seeds": list(seeds),
-        "finetune": {
+    return SuiteRecord(
+        ckpt=str(cfg.ckpt),
+        tasks={t.name: t.settings for t in tasks},
+        seeds=list(seeds),
+        finetune={
             key: OmegaConf.to_container(cfg[key], resolve=True)
             for key in ("datamodule", "head", "optim", "schedule")
         }
         | {"trainer": _trainer_record(cfg)}
         | _backbone_record(cfg),
-    }
+    )
 
 
 def _backbone_record(cfg: DictConfig) -> dict:
@@ -183,7 +176,7 @@ def _trainer_record(cfg: DictConfig) -> dict:
     return {k: OmegaConf.select(cfg, f"trainer.{k}") for k in kept}
 
 
-def check_or_write_record(folder: Path, record: dict) -> bool:
+def check_or_write_record(folder: Path, record: SuiteRecord) -> bool:
     """Write the suite's record into a new folder, or check a resumed folder's; returns
     whether the folder was resumed. A folder where no fine-tune has finished takes the new
     settings (a command corrected after its first fine-tune refused a setting keeps its
@@ -199,13 +192,13 @@ def check_or_write_record(folder: Path, record: dict) -> bool:
         path.unlink()
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+        record.write(path)
         return False
     try:
-        started = read_suite_record(folder)
+        started = SuiteRecord.read(path)
     except SuiteRecordError as err:
         raise ConfigError(str(err)) from err
-    changed = [k for k in record if started.get(k) != record[k]]
+    changed = record.changed(started)
     if changed:
         raise ConfigError(
             f"{folder} holds a suite started with other {', '.join(changed)} (see {path}); "
@@ -215,7 +208,7 @@ def check_or_write_record(folder: Path, record: dict) -> bool:
     return True
 
 
-def task_baselines(job_cfg: DictConfig) -> dict[str, dict[str, float]]:
+def task_baselines(job_cfg: DictConfig) -> Baselines:
     """The baselines' dev metrics on the main split, fitted on the examples the task's jobs
     train on (the same `max_examples` and `train_examples`)."""
     spec = task_from(job_cfg.task)
@@ -224,7 +217,7 @@ def task_baselines(job_cfg: DictConfig) -> dict[str, dict[str, float]]:
         spec, spec.train_split, limit=limit, sample=job_cfg.datamodule.get("train_examples")
     )
     dev = task_examples(spec, spec.eval_splits[0], limit=limit)
-    return baseline_scores(spec, train, dev)
+    return Baselines(baseline_scores(spec, train, dev))
 
 
 def run_suite(
@@ -269,8 +262,7 @@ def run_suite(
         if first and not (task_dir / BASELINES).is_file():
             print(f"{job.task}: fitting the non-neural baselines")
             task_dir.mkdir(parents=True, exist_ok=True)
-            scores = task_baselines(job_cfg)
-            write_text_atomic(task_dir / BASELINES, json.dumps(scores, indent=2) + "\n")
+            task_baselines(job_cfg).write(task_dir / BASELINES)
         if job in done:
             continue
         if first and job_dir.exists():  # a job cut short: its checkpoints are not results

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.finetune.results import FinetuneResults
-from pipeline.run.errors import SuiteRecordError
-from pipeline.run.folder import RESULTS, SUITE_RECORD
+from pipeline.finetune.results import Baselines, FinetuneResults
+from pipeline.run.folder import RESULTS
+from pipeline.suites.record import SuiteRecord
 from pipeline.suites.seeds import PairedDifference, SeedSummary, paired_difference, summarize_seeds
 from tokenizer import write_text_atomic
 
@@ -161,41 +160,13 @@ def _difference(diff: PairedDifference | None) -> str:
     return f"{diff.mean:+.1f} [{diff.low:+.1f}, {diff.high:+.1f}]"
 
 
-def read_suite_record(folder: Path) -> dict[str, Any]:
-    """The settings a suite folder was started with (`glue_suite.json`).
-
-    Raises:
-        FileNotFoundError: `folder` holds no suite record.
-        SuiteRecordError: a record that is not readable JSON.
-    """
-    path = folder / SUITE_RECORD
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder} holds no {SUITE_RECORD}: not a `make glue` folder")
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise SuiteRecordError(
-            f"{path} is not readable JSON ({err}); move the folder aside"
-        ) from err
-    missing = [k for k in RECORD_KEYS if not isinstance(record, dict) or k not in record]
-    if missing:
-        raise SuiteRecordError(
-            f"{path} lacks {', '.join(missing)}: not a record `make glue` wrote; move the "
-            "folder aside"
-        )
-    return record
-
-
-RECORD_KEYS = ("ckpt", "tasks", "seeds", "finetune")  # what `make glue` writes in every record
-
-
 def summarize_suite(folder: str | Path) -> SuiteSummary:
     """The summary of a suite folder, from its record, baselines and finished runs.
 
     Raises:
         FileNotFoundError: `folder` holds no suite record.
         SuiteRecordError: its record is not readable.
-        ResultsError: a run's results.json that cannot be read.
+        ResultsError: a run's results.json, or a task's baselines.json, that cannot be read.
     """
     (summary,) = summarize_suites([folder])
     return summary
@@ -211,21 +182,21 @@ def summarize_suites(folders: Iterable[str | Path]) -> list[SuiteSummary]:
     Raises:
         FileNotFoundError: a folder holds no suite record.
         SuiteRecordError: a record is not readable.
-        ResultsError: a run's results.json that cannot be read.
+        ResultsError: a run's results.json, or a task's baselines.json, that cannot be read.
     """
     tables: list[_Table] = []
     for folder in map(Path, folders):
-        record = read_suite_record(folder)
-        key = _join_key(record)
-        runs = {(task, seed) for task in record["tasks"] for seed in record["seeds"]}
+        record = SuiteRecord.in_folder(folder)
+        key = record.join_key()
+        runs = {(task, seed) for task in record.tasks for seed in record.seeds}
         table = next((t for t in tables if t.key == key and not t.runs & runs), None)
         if table is None:
-            table = _Table(key, str(record["ckpt"]))
+            table = _Table(key, record.ckpt)
             tables.append(table)
         table.runs |= runs
         table.folders.append(str(folder))
-        for task in record["tasks"]:
-            table.add(task, _task_scores(folder, task, record["seeds"]))
+        for task in record.tasks:
+            table.add(task, _task_scores(folder, task, record.seeds))
     return [t.summary() for t in tables]
 
 
@@ -268,14 +239,6 @@ class _Table:
         )
 
 
-def _join_key(record: dict[str, Any]) -> str:
-    """What suite folders must share to join: the checkpoint (as a path), the fine-tuning
-    settings, and the per-task settings their tasks ran with (a suite's own)."""
-    per_task = sorted({json.dumps(v, sort_keys=True) for v in record["tasks"].values()})
-    ckpt = os.path.normpath(str(record["ckpt"]))
-    return json.dumps([ckpt, record["finetune"], per_task], sort_keys=True)
-
-
 def _task_scores(folder: Path, task: str, seeds: Sequence[int]) -> _TaskScores:
     """A task's finished runs and fitted baselines in one suite folder."""
     scores: dict[str, dict[int, float]] = {init: {} for init in INITS}
@@ -295,9 +258,8 @@ def _task_scores(folder: Path, task: str, seeds: Sequence[int]) -> _TaskScores:
     baselines_path = folder / task / BASELINES
     if not names or not baselines_path.is_file():
         return _TaskScores(names, None, scores)
-    baselines = json.loads(baselines_path.read_text(encoding="utf-8"))
-    best = max(baselines, key=lambda name: task_score(baselines[name], names))
-    return _TaskScores(names, (best, task_score(baselines[best], names)), scores)
+    best = Baselines.read(baselines_path).best(lambda metrics: task_score(metrics, names))
+    return _TaskScores(names, best, scores)
 
 
 def _average_row(rows: Sequence[TaskRow]) -> TaskRow:

@@ -11,16 +11,18 @@ them. `summarize_sweep(folder)` does the same for a finished sweep folder.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
+import os
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from pipeline.finetune.results import FinetuneResults
+from pipeline.finetune.results import FinetuneResults, read_record, write_record
 from pipeline.run.errors import ResultsError
 from pipeline.suites.seeds import summarize_seeds
 from tokenizer import write_text_atomic
@@ -28,6 +30,51 @@ from tokenizer import write_text_atomic
 log = logging.getLogger(__name__)
 
 SEED_KEYS = ("seed",)
+SUMMARY = "sweep_summary"  # .json and .md
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One setting of a sweep, as `sweep_summary.json` lists them (in this field order).
+
+    Attributes:
+        setting: the overrides that define it ("(default)" when only seeds vary).
+        task: the task name.
+        metric: `<split>/<metric>`, the main metric on the main split.
+        seeds: its jobs' seeds, in order.
+        values: the metric of each job, at its best checkpoint (in the order of the jobs).
+        median, min, max, std: over `values`.
+    """
+
+    setting: str
+    task: str
+    metric: str
+    seeds: list[int]
+    values: list[float]
+    median: float
+    min: float
+    max: float
+    std: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def write_all(path: str | os.PathLike, rows: list[SweepRow]) -> None:
+        write_record(path, [row.to_dict() for row in rows])
+
+    @classmethod
+    def read_all(cls, path: str | os.PathLike) -> list[SweepRow]:
+        """The rows of a sweep_summary.json.
+
+        Raises:
+            ResultsError: naming the file: not readable JSON, or not a list of rows.
+        """
+        data = read_record(path)
+        try:
+            return [cls(**row) for row in data]
+        except TypeError as err:
+            raise ResultsError(f"{path}: malformed ({err})") from err
 
 
 def setting_of(overrides: list[str], common: set[str] = frozenset()) -> str:
@@ -39,7 +86,7 @@ def setting_of(overrides: list[str], common: set[str] = frozenset()) -> str:
     return " ".join(sorted(kept))
 
 
-def summarize_results(results: list[FinetuneResults]) -> list[dict[str, Any]]:
+def summarize_results(results: list[FinetuneResults]) -> list[SweepRow]:
     """One row per setting: the main metric's median, min, max and std over its seeds."""
     groups: dict[str, list[FinetuneResults]] = defaultdict(list)
     common = set.intersection(*(set(r.overrides) for r in results)) if results else set()
@@ -52,22 +99,22 @@ def summarize_results(results: list[FinetuneResults]) -> list[dict[str, Any]]:
         values = [m.best.metrics[split][metric] for m in members]
         summary = summarize_seeds(values)
         rows.append(
-            {
-                "setting": setting or "(default)",
-                "task": first.task,
-                "metric": f"{split}/{metric}",
-                "seeds": sorted(m.seed for m in members),
-                "values": values,
-                "median": summary.median,
-                "min": summary.min,
-                "max": summary.max,
-                "std": summary.std,
-            }
+            SweepRow(
+                setting=setting or "(default)",
+                task=first.task,
+                metric=f"{split}/{metric}",
+                seeds=sorted(m.seed for m in members),
+                values=values,
+                median=summary.median,
+                min=summary.min,
+                max=summary.max,
+                std=summary.std,
+            )
         )
     return rows
 
 
-def summary_table(rows: list[dict[str, Any]]) -> str:
+def summary_table(rows: list[SweepRow]) -> str:
     """The rows as a Markdown table."""
     lines = [
         "| setting | metric | seeds | median | min | max | std |",
@@ -75,13 +122,13 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['setting']} | {r['task']} {r['metric']} | {len(r['seeds'])} | "
-            f"{r['median']:.4f} | {r['min']:.4f} | {r['max']:.4f} | {r['std']:.4f} |"
+            f"| {r.setting} | {r.task} {r.metric} | {len(r.seeds)} | "
+            f"{r.median:.4f} | {r.min:.4f} | {r.max:.4f} | {r.std:.4f} |"
         )
     return "\n".join(lines)
 
 
-def summarize_sweep(folder: str | Path) -> list[dict[str, Any]]:
+def summarize_sweep(folder: str | Path) -> list[SweepRow]:
     """Read every `*/results.json` of a sweep folder, write the summary files, return the rows.
 
     Raises:
@@ -94,8 +141,8 @@ def summarize_sweep(folder: str | Path) -> list[dict[str, Any]]:
             f"{folder} holds no */results.json: no job of the sweep finished (see the jobs' logs)"
         )
     rows = summarize_results([FinetuneResults.read(f) for f in files])
-    write_text_atomic(folder / "sweep_summary.json", json.dumps(rows, indent=2) + "\n")
-    write_text_atomic(folder / "sweep_summary.md", summary_table(rows) + "\n")
+    SweepRow.write_all(folder / f"{SUMMARY}.json", rows)
+    write_text_atomic(folder / f"{SUMMARY}.md", summary_table(rows) + "\n")
     return rows
 
 

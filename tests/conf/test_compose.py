@@ -40,7 +40,7 @@ def reads_glue_texts(group: str, option: str) -> bool:
         return False
     data = compose_pretrain(f"experiment={option}").data
     corpora = [data, *data.get("parts", {}).values()]
-    return any(c._target_ == "datamodules.corpus.TaskTextsCorpus" for c in corpora)
+    return any(c._target_ == "datamodules.task_texts.TaskTextsCorpus" for c in corpora)
 
 
 GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine"}

@@ -13,8 +13,8 @@ from hydra.errors import InstantiationException
 
 from datamodules.finetune import FinetuneDataModule
 from datamodules.long_text import LongTextError, LongTextSpec, chunk_spans
-from datamodules.task_files import Example, read_examples, stratified_holdout, task_examples
-from datamodules.tasks import CARVED_DEV
+from datamodules.task_files import read_examples, stratified_holdout, task_examples
+from datamodules.tasks import CARVED_DEV, Example
 from tests.conftest import SHARED_DATA
 from tests.datamodules.test_tasks import task_spec
 from tokenizer import batched, special_ids, train_tokenizer

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from hydra.utils import instantiate
 
-from datamodules.corpus import ConcatCorpus, CorpusError, TaskTextsCorpus, TextFilesCorpus
+from datamodules.corpus import ConcatCorpus, CorpusError, TextFilesCorpus
 from datamodules.task_files import task_examples
+from datamodules.task_texts import TaskTextsCorpus
 from datamodules.tasks import CARVED_DEV, TaskSpec
 from tests.conftest import compose_pretrain
 from tests.pipeline.task_data import write_task_split, write_task_texts

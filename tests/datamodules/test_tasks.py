@@ -77,6 +77,26 @@ def test_custom_config_needs_its_values_then_instantiates(tmp_path):
     assert spec.eval_splits == ["dev"] and not spec.is_pair
 
 
+def test_the_custom_config_s_hint_for_a_carved_dev_split_instantiates(tmp_path):
+    """conf/task/custom.yaml's hint for a task with only a training file, pasted as written:
+    the dev file set to null, the dev split carved out of the training file."""
+    hint = next(
+        line.strip("# \n").split()
+        for line in (CONF / "task" / "custom.yaml").read_text().splitlines()
+        if "task.dev_fraction=" in line
+    )
+    spec = task_spec(
+        "custom",
+        f"task.data_dir={tmp_path}",
+        "task.files.train=train.csv",
+        "task.text_columns=[review]",
+        "task.label_column=stars",
+        *hint,
+    )
+    assert spec.files == {"train": "train.csv"} and spec.dev_fraction == 0.2
+    assert spec.eval_splits == ["dev"] and spec.source("dev") == tmp_path / "train.csv"
+
+
 # (task, split, folder, labels): every file of the shared GLUE copy.
 GLUE_FILES = [
     ("cola", "train", "CoLA", {"0", "1"}),

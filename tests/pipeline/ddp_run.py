@@ -159,7 +159,10 @@ def main(
     )
     optimizer, schedule = optimizer_and_schedule(family, optim)
     module = family_named(family).pretraining_module()(
-        model_config(family, tokenizer.get_vocab_size()), optimizer=optimizer, scheduler=schedule
+        model_config(family, tokenizer.get_vocab_size()),
+        optimizer=optimizer,
+        scheduler=schedule,
+        schedule_steps=steps,
     )
     trainer = L.Trainer(
         accelerator="cpu",

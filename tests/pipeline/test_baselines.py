@@ -8,8 +8,7 @@ import random
 import pytest
 import torch
 
-from datamodules.task_files import Example
-from datamodules.tasks import TaskSpec
+from datamodules.tasks import Example, TaskSpec
 from pipeline.finetune.baselines import bag_features, bag_vocabulary, baseline_scores, fit_linear
 
 FILLER = [

@@ -12,7 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Timer
 
-from pipeline.pretrain.budget import Pace, TimeBudget, parse_duration
+from pipeline.pretrain.budget import Pace, RunLength, TimeBudget, parse_duration
 from pipeline.pretrain.checks import check_config
 from pipeline.run.errors import ConfigError
 from pipeline.training.schedules import warmup_cosine
@@ -185,6 +185,18 @@ def test_a_run_slowed_by_real_sleeps_still_ends_its_schedule_within_the_budget(
 def test_budget_settings_that_cannot_work_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message):
         check_config(compose_pretrain(*overrides))
+
+
+def test_the_budget_is_parsed_once_into_the_plan_that_sizes_schedule_and_pace(tmp_path, small_docs):
+    """`check_config` parses trainer.budget once; the module's schedule, the pace and the
+    planner are all sized from that one value."""
+    plain = check_config(compose_pretrain("trainer.max_steps=300")).length
+    assert plain == RunLength(300, None) and plain.pace() is None
+    module, _, trainer = tiny_run(
+        tmp_path, small_docs, "model=gpt-tiny", "trainer.budget=1m30s", "trainer.max_steps=500"
+    )
+    sized = next(c for c in trainer.callbacks if isinstance(c, TimeBudget))
+    assert module.schedule_steps == sized.pace.schedule_steps == 500 and sized.seconds == 90
 
 
 class FakeRun:

@@ -14,11 +14,13 @@ from torch.nn import functional as F
 
 from datamodules.objective import CausalLMObjective
 from models.config import BertConfig, GPTConfig
-from pipeline.checkpoint.load import load_pretrained
-from pipeline.finetune.task_module import load_backbone, reinitialize
+from pipeline.checkpoint.load import load_backbone, load_finetuned, load_pretrained
+from pipeline.finetune.evaluation import evaluate
+from pipeline.finetune.run import finetune
+from pipeline.finetune.task_module import reinitialize
 from pipeline.pretrain.checks import check_config
 from pipeline.pretrain.modules import PretrainModule
-from pipeline.pretrain.run import assemble
+from pipeline.pretrain.run import assemble, train
 from pipeline.run.errors import ConfigError, UnknownFamilyError
 from pipeline.run.families import (
     Family,
@@ -29,6 +31,8 @@ from pipeline.run.families import (
     unregister,
 )
 from tests.conftest import compose_pretrain
+from tests.pipeline.task_data import pair_task, write_pairs
+from tests.pipeline.test_finetune import compose_config
 from tokenizer import get_tokenizer, tokenizer_kind
 
 
@@ -61,6 +65,26 @@ class ToyModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.out(self.embed(input_ids))
+
+    # The backbone interface (models.heads.Backbone) that task heads use for any family.
+    def backbone(self) -> ToyModel:
+        return self
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        return self.embed
+
+    def token_states(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        return self.embed(input_ids)
+
+    def sequence_features(self, input_ids, attention_mask=None, token_type_ids=None):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        mask_BT1 = attention_mask.unsqueeze(-1).float()
+        return (self.embed(input_ids) * mask_BT1).sum(1) / mask_BT1.sum(1).clamp_min(1.0)
+
+    def train_own_features(self, trained: bool) -> None:
+        pass
 
 
 class ToyPretraining(PretrainModule):
@@ -95,8 +119,8 @@ TOY = Family(
     objective_class=CausalLMObjective,
     module_class=ToyPretraining,
     vocab_multiple=8,
-    try_command=("generate", "prompt=Once"),
-    hf_auto_class="AutoModel",
+    try_command=("finetune", "task=sst2"),
+    hf_auto_class=None,  # no HF mapping: a run exports no hf/ folder
 )
 TOY_RUN = (
     "model=gpt-tiny",
@@ -159,3 +183,43 @@ def test_a_family_decides_which_tokenizer_and_objective_fit(toy_family):
 def test_a_model_of_no_registered_family_is_named():
     with pytest.raises(ConfigError, match="no model family has the config type ToyConfig"):
         check_config(compose_pretrain(*TOY_RUN))
+
+
+def test_a_third_family_pretrains_resumes_fine_tunes_and_evaluates_with_no_pipeline_edit(
+    toy_family, tmp_path
+):
+    """The commands' library paths, end to end, for a family the pipeline has never heard of:
+    pretrain (3 steps), resume to 5, fine-tune on a pair task (texts read apart, as the widths
+    of mini models are by default), evaluate the fine-tuned run."""
+    pretrain_cfg = compose_pretrain(
+        *TOY_RUN, "checkpoint.every_n_steps=1", f"paths.cache_dir={tmp_path / 'cache'}"
+    )
+    run_dir = tmp_path / "toy"
+    pretrain_cfg.paths.output_dir = str(run_dir)
+    run_dir.mkdir()  # Hydra makes it for the command
+    train(pretrain_cfg, check_config(pretrain_cfg))
+    assert not (run_dir / "hf").exists()  # the family has no HF mapping
+    pretrain_cfg.trainer.max_steps = 5
+    pretrain_cfg.resume = "auto"
+    train(pretrain_cfg, check_config(pretrain_cfg))
+    resumed = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert resumed["global_step"] == 5
+
+    write_pairs(tmp_path / "pairs", n_train=40, n_dev=16)
+    tuned_dir = tmp_path / "tuned"
+    finetune_cfg = compose_config(
+        "finetune",
+        f"ckpt={run_dir}",
+        *pair_task(tmp_path / "pairs"),
+        "datamodule.batch_size=8",
+        "trainer.max_epochs=1",
+        run_dir=tuned_dir,
+    )
+    results = finetune(finetune_cfg, announce=False)
+    assert set(results.final.metrics["dev"]) >= {"pearson", "spearman"}
+    tuned = load_finetuned(tuned_dir)
+    assert tuned.family == "toy" and type(tuned.model.backbone) is ToyModel
+    assert tuned.head.siamese  # a pair read apart: ToyModel.sequence_features per text
+
+    scores = evaluate(compose_config("evaluate", f"ckpt={tuned_dir}", run_dir=tuned_dir))
+    assert scores["dev"]["pearson"] == pytest.approx(results.final.metrics["dev"]["pearson"])

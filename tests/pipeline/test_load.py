@@ -10,12 +10,8 @@ import torch
 from models.bert import BertForPreTraining, BertModel
 from models.gpt import GPT
 from models.hf import export_hf
-from pipeline.checkpoint.load import (
-    expect_family,
-    load_pretrained,
-    resolve_checkpoint,
-    resolve_device,
-)
+from pipeline.checkpoint.load import expect_inference, load_pretrained, resolve_device
+from pipeline.checkpoint.source import resolve_checkpoint
 from pipeline.run.errors import CheckpointLoadError, ConfigError, WrongFamilyError
 from tests.pipeline.tiny_models import checkpoint_dict, tiny_model, trained_tokenizer, write_run
 from tokenizer import tokenizer_kind
@@ -193,12 +189,14 @@ def test_hf_folder_whose_tokenizer_is_of_another_kind_than_its_model(tmp_path):
         load_pretrained(tmp_path)
 
 
-def test_expect_family(tmp_path):
+def test_expect_inference(tmp_path):
     _, _, ckpt = write_run(tmp_path, "bert")
     loaded = load_pretrained(ckpt)
-    expect_family(loaded, "bert", instead="make generate")
+    expect_inference(loaded, "fill-mask")
     with pytest.raises(WrongFamilyError, match="holds a BERT model.*needs a GPT.*make fill-mask"):
-        expect_family(loaded, "gpt", instead="make fill-mask")
+        expect_inference(loaded, "generate")
+    with pytest.raises(WrongFamilyError, match="needs a GPT \\(a causal model to score a text"):
+        expect_inference(loaded, "score")
 
 
 def test_resolve_device():

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.checkpoint.load import load_finetuned
 from pipeline.finetune.evaluation import evaluate, predict
 from pipeline.finetune.run import finetune
-from pipeline.finetune.task_module import load_finetuned
 from pipeline.run.errors import ConfigError
 from tests.pipeline.task_data import pair_task, write_pairs
 from tests.pipeline.test_finetune import compose_config
@@ -55,10 +55,10 @@ def test_a_fresh_regression_head_predicts_the_training_targets_mean(setup):
     scores = torch.tensor(train_scores(setup))
     tuned = load_finetuned(run_dir)
     expected = (float(scores.mean()), float(scores.std(correction=0)))
-    assert tuned.module.head.target == pytest.approx(expected, rel=1e-5)
+    assert tuned.head.target == pytest.approx(expected, rel=1e-5)
     ids = torch.randint(5, 100, (4, 9))
     with torch.no_grad():
-        predicted = tuned.module.model(ids, attention_mask=torch.ones_like(ids))
+        predicted = tuned.model(ids, attention_mask=torch.ones_like(ids))
     # a fresh head is ~0.02-scaled: its standardized output is near 0, so near the mean
     assert predicted.squeeze(-1).sub(scores.mean()).abs().max() < 0.5 * scores.std()
     assert results.best.metrics["dev"]["loss"] < 1.5 * float(scores.var())
@@ -78,14 +78,14 @@ def test_a_siamese_head_learns_word_overlap_that_a_fresh_cross_encoder_does_not(
         siamese, run_dir = tune(
             setup, score, *common, "head.siamese=true", f"head.pair_score={score}"
         )
-        assert load_finetuned(run_dir).module.head.pair_score == score
+        assert load_finetuned(run_dir).head.pair_score == score
         assert siamese.best.metrics["dev"]["spearman"] > 0.25, score
         assert siamese.best.metrics["dev"]["spearman"] > joint_score + 0.15, score
 
 
 def test_a_siamese_model_evaluates_and_predicts_as_it_was_trained(setup, tmp_path):
     results, run_dir = tune(setup, "siamese-eval", "trainer.max_epochs=1", "head.siamese=true")
-    head = load_finetuned(run_dir).module.head
+    head = load_finetuned(run_dir).head
     assert head.siamese and head.pair_score == "cosine"  # the default for a regression pair
     cfg = compose_config("evaluate", f"ckpt={run_dir}", run_dir=tmp_path / "eval")
     again = evaluate(cfg)
@@ -147,7 +147,7 @@ def test_an_unknown_pooling_is_a_config_error(setup):
 
 def test_a_head_record_round_trips_and_refuses_an_unknown_pair_score():
     from datamodules.tasks import LabelMap
-    from pipeline.finetune.task_module import HeadSpec
+    from pipeline.checkpoint.head import HeadSpec
 
     spec = HeadSpec(
         "stsb",
@@ -192,7 +192,7 @@ def test_an_alignment_head_reads_word_overlap_before_its_first_step(setup, kind)
     else:
         majority = max(torch.unique(scores, return_counts=True)[1]).item() / len(scores)
         assert dev["accuracy"] > 2 * majority
-    head = load_finetuned(run_dir).module.head
+    head = load_finetuned(run_dir).head
     assert head.pair_score == "alignment" and head.special_ids  # [CLS], [SEP]... left out
 
 

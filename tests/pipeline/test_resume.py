@@ -15,12 +15,11 @@ import torch
 from omegaconf import OmegaConf
 
 from models.config import BertConfig
-from pipeline.checkpoint.load import CheckpointSource
 from pipeline.checkpoint.record import CheckpointRecord
-from pipeline.checkpoint.saving import check_compatible, newest_checkpoint
+from pipeline.checkpoint.saving import check_compatible
+from pipeline.checkpoint.source import CheckpointSource, newest_checkpoint
 from pipeline.pretrain.budget import TimeBudget
-from pipeline.pretrain.checks import check_config
-from pipeline.pretrain.run import resumed_tokenizer, train
+from pipeline.pretrain.run import resumed_tokenizer
 from pipeline.run.errors import CheckpointLoadError
 from tests.conftest import (
     CLI_ENV,
@@ -220,7 +219,7 @@ def test_two_stops_and_resumes_leave_one_last_checkpoint_the_newest(shared_runs)
     last step, no `-v1` copy beside it, and `ckpt=<run>` loads it. (The first stop comes before
     the first periodic checkpoint, so the state it resumes from names no `last.ckpt` yet: the
     case where Lightning wrote `last-v1.ckpt` and left the stale `last.ckpt` to be loaded.)"""
-    from pipeline.checkpoint.load import resolve_checkpoint
+    from pipeline.checkpoint.source import resolve_checkpoint
 
     tmp_path, _ = shared_runs
     run = (
@@ -453,45 +452,6 @@ def test_check_compatible_lists_every_mismatched_field(small_docs, tmp_path):
     assert "model.d_ff: checkpoint 512, this run 256" in str(err.value)
 
 
-def test_a_resumed_run_reads_the_checkpoint_it_resumes_from_once(tmp_path, monkeypatch):
-    """Choosing the newest checkpoint (resume=auto), checking it against the config and
-    Lightning's restore share one read of it."""
-
-    def config(*overrides: str):
-        cfg = compose_pretrain(
-            "model=bert-tiny",
-            "debug=smoke",
-            "trainer.accelerator=cpu",
-            "trainer.val_check_interval=2",
-            "checkpoint.every_n_steps=2",
-            "logger=csv",
-            "+trainer.enable_progress_bar=false",
-            f"paths.cache_dir={tmp_path / 'cache'}",
-            *overrides,
-        )
-        cfg.paths.output_dir = str(tmp_path / "run")
-        return cfg
-
-    first = config("trainer.max_steps=4")
-    (tmp_path / "run").mkdir()  # as Hydra makes it
-    train(first, check_config(first))
-    checkpoints = tmp_path / "run" / "checkpoints"
-    before = {p.resolve() for p in checkpoints.glob("*.ckpt")}
-    reads: list[Path] = []
-    real_load = torch.load
-
-    def counting_load(f, *args, **kwargs):
-        reads.append(Path(f).resolve())
-        return real_load(f, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "load", counting_load)
-    again = config("trainer.max_steps=6", "resume=auto")
-    train(again, check_config(again))
-    assert (tmp_path / "run" / "checkpoints" / "step0000006.ckpt").is_file()  # it did resume
-    resumed = (checkpoints / "step0000004.ckpt").resolve()
-    assert resumed in before and reads.count(resumed) == 1, reads
-
-
 def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
@@ -584,7 +544,7 @@ def test_a_run_name_that_is_not_one_folder_is_refused_before_anything_is_written
 
 def test_resume_auto_stops_when_no_checkpoint_can_be_read(tmp_path):
     """Rather than start a run over in its own folder when every checkpoint is damaged."""
-    from pipeline.checkpoint.saving import resume_checkpoint
+    from pipeline.checkpoint.source import resolve_resume
     from pipeline.run.errors import ConfigError
 
     checkpoints = tmp_path / "checkpoints"
@@ -592,15 +552,15 @@ def test_resume_auto_stops_when_no_checkpoint_can_be_read(tmp_path):
     (checkpoints / "last.ckpt").write_bytes(b"torn")
     (checkpoints / "step0000005.ckpt").write_bytes(b"torn too")
     with pytest.raises(ConfigError, match="none of the checkpoints .* can be read"):
-        resume_checkpoint("auto", tmp_path)
+        resolve_resume("auto", tmp_path)
     assert sorted(p.name for p in checkpoints.iterdir()) == [
         "last.ckpt.damaged",
         "step0000005.ckpt.damaged",
     ]
-    assert resume_checkpoint("auto", tmp_path) is None  # told once; the folder starts afresh
+    assert resolve_resume("auto", tmp_path) is None  # told once; the folder starts afresh
     (checkpoints / "step0000005.ckpt").write_bytes(b"torn")
     with pytest.raises(ConfigError):
-        resume_checkpoint("auto", tmp_path, first_process=False)
+        resolve_resume("auto", tmp_path, first_process=False)
     assert (checkpoints / "step0000005.ckpt").exists()  # only the first process moves files
 
 

@@ -139,20 +139,21 @@ def test_a_suite_with_no_finished_fine_tune_takes_corrected_settings(tmp_path):
     settings are refused."""
     from pipeline.run.errors import ConfigError
     from pipeline.suites.glue import check_or_write_record
+    from pipeline.suites.record import SuiteRecord
 
-    def record(lr: int) -> dict:
-        return {"ckpt": "x", "tasks": {"sst2": {}}, "seeds": [1], "finetune": {"lr": lr}}
+    def record(lr: int) -> SuiteRecord:
+        return SuiteRecord(ckpt="x", tasks={"sst2": {}}, seeds=[1], finetune={"lr": lr})
 
     folder = tmp_path / "suite"
     assert check_or_write_record(folder, record(1)) is False
     (folder / "sst2").mkdir()
     (folder / "sst2" / BASELINES).write_text("{}")
     assert check_or_write_record(folder, record(2)) is False
-    assert json.loads((folder / SUITE_RECORD).read_text()) == record(2)
+    assert json.loads((folder / SUITE_RECORD).read_text()) == record(2).to_dict()
     assert not (folder / "sst2" / BASELINES).exists()
     (folder / "sst2" / "pretrained-seed1").mkdir()
     (folder / "sst2" / "pretrained-seed1" / RESULTS).write_text("{}")
     assert check_or_write_record(folder, record(2)) is True
     with pytest.raises(ConfigError, match="started with other finetune"):
         check_or_write_record(folder, record(3))
-    assert json.loads((folder / SUITE_RECORD).read_text()) == record(2)
+    assert json.loads((folder / SUITE_RECORD).read_text()) == record(2).to_dict()

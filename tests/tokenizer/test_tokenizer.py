@@ -263,8 +263,9 @@ def test_a_vocabulary_short_of_the_asked_size_is_warned_when_trained_and_when_re
         caplog.clear()
         # a process that waits for rank 0's tokenizer leaves the warning to rank 0
         get_tokenizer(spec, corpus, tmp_path, may_train=False)
-        # a vocabulary of the asked size is not warned about
-        get_tokenizer(TokenizerSpec(kind=kind, vocab_size=got), corpus, tmp_path / "other")
+        # a vocabulary of the asked size is not warned about (half of `got`: asking for
+        # exactly `got` again is flaky, as WordPiece training breaks ties between threads)
+        get_tokenizer(TokenizerSpec(kind=kind, vocab_size=got // 2), corpus, tmp_path / "other")
     assert caplog.records == []
 
 

@@ -1,0 +1,76 @@
+"""DataLoaders over the pretraining batches whose position is the datamodule's: Lightning saves
+and restores it with the loader's state (exact resume), and the step loader replays phases."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+
+def _keep(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return batch  # the dataset's items are already whole batches
+
+
+class BatchLoader(DataLoader):
+    """A DataLoader over `EpochBatches` (or `StepBatches`, whose items are lists of
+    micro-batches, handed out one by one) that yields dicts of torch tensors.
+
+    Workers send the batches as numpy arrays, which are pickled through a pipe: for batches
+    this small that is ~10x cheaper than torch's shared-memory tensor transfer (measured: 7,700
+    vs 750 batches/s with 2 workers). The main process then wraps them as tensors (no copy),
+    pinned when `pin` is set and CUDA is present.
+    """
+
+    pin: bool = False
+    micro_batches: int = 1  # batches per dataset item
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for item in super().__iter__():
+            yield from self.tensors(item)
+
+    def __len__(self) -> int:
+        return super().__len__() * self.micro_batches
+
+    def tensors(self, item) -> Iterator[dict[str, torch.Tensor]]:
+        """The batches of one dataset item (a batch, or a step's micro-batches) as tensors."""
+        for arrays in item if isinstance(item, list) else [item]:
+            batch = {name: torch.from_numpy(array) for name, array in arrays.items()}
+            if self.pin:
+                batch = {name: tensor.pin_memory() for name, tensor in batch.items()}
+            yield batch
+
+
+class PositionLoader(BatchLoader):
+    """The training loader: also remembers how many steps of the epoch it has handed out.
+
+    That count is the position for `state_dict` outside a Trainer (inside one, the Trainer's
+    own counters are used, since Lightning fetches one batch ahead of the step). Its
+    `state_dict`/`load_state_dict` are the datamodule's, which tells Lightning the loader is
+    resumable (otherwise it warns that a mid-epoch resume is not).
+    """
+
+    position: tuple[int, int] = (0, 0)
+    datamodule: L.LightningDataModule | None = None  # the PretrainDataModule that made it
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        iterator = DataLoader.__iter__(self)
+        item = next(iterator, None)  # creating the iterator starts the sampler: read it after
+        epoch, step = self.sampler.current
+        self.position = (epoch, step)
+        while item is not None:
+            step += 1
+            self.position = (epoch, step)
+            yield from self.tensors(item)
+            item = next(iterator, None)
+        self.sampler.finish_epoch()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.datamodule.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.datamodule.load_state_dict(state_dict)
