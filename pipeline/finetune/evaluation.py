@@ -24,11 +24,10 @@ from datamodules.tasks import LabelMap, TaskSpec
 from pipeline.checkpoint.load import Finetuned, load_finetuned
 from pipeline.checkpoint.source import resolve_checkpoint
 from pipeline.finetune.results import Evaluation
-from pipeline.finetune.run import (
+from pipeline.finetune.run import merge, split_metrics
+from pipeline.finetune.settings import (
     build_datamodule,
     check_datamodule_keys,
-    merge,
-    split_metrics,
     task_from,
     warn_untrained_positions,
 )

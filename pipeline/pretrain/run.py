@@ -32,7 +32,7 @@ from pipeline.checkpoint.saving import (
     checkpoint_callbacks,
 )
 from pipeline.checkpoint.source import CheckpointSource, resolve_resume
-from pipeline.finetune.run import task_from
+from pipeline.finetune.settings import task_from
 from pipeline.pretrain.budget import TimeBudget
 from pipeline.pretrain.checks import WITHOUT_PROBES, RunPlan
 from pipeline.pretrain.corpus_init import CorpusInit

@@ -46,7 +46,8 @@ from pipeline.checkpoint.load import load_backbone
 from pipeline.checkpoint.source import resolve_checkpoint
 from pipeline.finetune.baselines import baseline_scores
 from pipeline.finetune.results import Baselines
-from pipeline.finetune.run import check_finetune_keys, finetune, task_from
+from pipeline.finetune.run import finetune
+from pipeline.finetune.settings import check_finetune_keys, task_from
 from pipeline.finetune.task_module import with_dropout
 from pipeline.run.errors import ConfigError, SuiteRecordError
 from pipeline.run.folder import RESULTS, SUITE_RECORD, first_process
@@ -148,10 +149,13 @@ def job_config(
 # --- running ----------------------------------------------------------------------------------
 
 
-def suite_record(cfg: DictConfig, tasks: Sequence[SuiteTask], seeds: Sequence[int]) -> SuiteRecord:
-    """What a suite folder was started with; a resumed suite must match it."""
+def suite_record(
+    cfg: DictConfig, ckpt: str, tasks: Sequence[SuiteTask], seeds: Sequence[int]
+) -> SuiteRecord:
+    """What a suite folder was started with (`ckpt`: the checkpoint argument as given); a
+    resumed suite must match it."""
     return SuiteRecord(
-        ckpt=str(cfg.ckpt),
+        ckpt=ckpt,
         tasks={t.name: t.settings for t in tasks},
         seeds=list(seeds),
         finetune={
@@ -246,7 +250,9 @@ def run_suite(
     if rates:  # a rate the jobs would refuse fails here, before the record is written
         with_dropout(load_backbone(source).model, **rates)
     first = first_process()  # the others of a multi-device suite only join its fine-tunes
-    resumed = first and check_or_write_record(folder, suite_record(cfg, tasks, seeds))
+    resumed = first and check_or_write_record(
+        folder, suite_record(cfg, source.argument, tasks, seeds)
+    )
     given = overridden_keys(overrides)
     jobs = plan(tasks, seeds)
     done = [j for j in jobs if (folder / j.folder / RESULTS).is_file()]

@@ -81,16 +81,16 @@ def test_gpt_takes_one_rate_and_bad_rates_are_named():
 def test_the_suite_records_the_backbone_rates_only_when_set():
     """A suite started before the setting existed has no `backbone` in its record; the same
     command still matches it, so it resumes."""
-    default = suite_record(compose_config("glue", "ckpt=x"), [], [1])
+    default = suite_record(compose_config("glue", "ckpt=x"), "x", [], [1])
     assert "backbone" not in default.finetune
-    given = suite_record(compose_config("glue", "ckpt=x", "backbone.dropout=0.1"), [], [1])
+    given = suite_record(compose_config("glue", "ckpt=x", "backbone.dropout=0.1"), "x", [], [1])
     assert given.finetune["backbone"] == {"dropout": 0.1, "attn_dropout": None}
 
 
 def test_a_null_backbone_group_is_the_checkpoints_own_rates():
     """`backbone=null` on the command line: nothing set, nothing recorded."""
     cfg = compose_config("glue", "ckpt=x", "backbone=null")
-    assert "backbone" not in suite_record(cfg, [], [1]).finetune
+    assert "backbone" not in suite_record(cfg, str(cfg.ckpt), [], [1]).finetune
     plain = bert()
     assert with_dropout(plain, **(cfg.get("backbone") or {})) is plain
 

@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from pipeline.finetune.run import check_finetune_keys, task_from
+from pipeline.finetune.settings import check_finetune_keys, task_from
 from pipeline.pretrain.checks import _check_setting_keys, check_config
 from pipeline.run.config_keys import check_keys
 from pipeline.run.errors import ConfigError

@@ -22,7 +22,8 @@ from omegaconf import OmegaConf
 from datamodules.tasks import TaskSpec, load_labels
 from pipeline.checkpoint.load import load_backbone, load_finetuned
 from pipeline.finetune.evaluation import evaluate, predict
-from pipeline.finetune.run import default_epochs, default_lr, finetune, split_metrics
+from pipeline.finetune.run import finetune, split_metrics
+from pipeline.finetune.settings import default_epochs, default_lr
 from pipeline.run import folder as run_folder
 from pipeline.run.errors import CheckpointLoadError, ConfigError
 from tests.conftest import CONF, REPO, SHARED_DATA

@@ -110,7 +110,7 @@ def test_pairs_are_read_apart_by_default_up_to_mini_width():
     """head.siamese null: siamese (with mean pooling) for widths up to 256, one sequence above;
     single-text tasks never; an explicit setting wins."""
     from datamodules.tasks import TaskSpec
-    from pipeline.finetune.run import SIAMESE_UP_TO_WIDTH, reads_pairs_apart
+    from pipeline.finetune.settings import SIAMESE_UP_TO_WIDTH, reads_pairs_apart
 
     def task(columns):
         return TaskSpec(

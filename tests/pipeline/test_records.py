@@ -89,7 +89,9 @@ def test_an_old_suite_record_reads_and_writes_back_byte_for_byte(tmp_path):
 
 def test_the_suite_writes_its_record_in_the_old_form(tmp_path):
     """The record `make glue` builds from its config is the file earlier versions wrote."""
-    record = suite_record(compose_config("glue", "ckpt=outputs/bert/run"), TASKS, [1, 2])
+    record = suite_record(
+        compose_config("glue", "ckpt=outputs/bert/run"), "outputs/bert/run", TASKS, [1, 2]
+    )
     folder = tmp_path / "suite"
     assert check_or_write_record(folder, record) is False
     assert (folder / SUITE_RECORD).read_text() == OLD_SUITE_RECORD
@@ -101,9 +103,9 @@ def test_a_suite_folder_of_an_old_record_resumes_and_refuses_other_settings(tmp_
     (folder / "rte" / "pretrained-seed1" / RESULTS).write_text("{}")  # one fine-tune finished
     (folder / SUITE_RECORD).write_text(OLD_SUITE_RECORD)
     cfg = compose_config("glue", "ckpt=outputs/bert/run")
-    assert check_or_write_record(folder, suite_record(cfg, TASKS, [1, 2])) is True
+    assert check_or_write_record(folder, suite_record(cfg, str(cfg.ckpt), TASKS, [1, 2])) is True
     with pytest.raises(ConfigError, match="started with other seeds"):
-        check_or_write_record(folder, suite_record(cfg, TASKS, [1, 2, 3]))
+        check_or_write_record(folder, suite_record(cfg, str(cfg.ckpt), TASKS, [1, 2, 3]))
     assert (folder / SUITE_RECORD).read_text() == OLD_SUITE_RECORD
 
 
