@@ -21,8 +21,8 @@ DOCS_STAMP := $(VENV)/.docs-installed-$(shell sha256sum $(LOCK) $(DOCS_LOCK) pyp
 # Memory allocator of the runs and benchmarks: tcmalloc when it is installed (Debian/Ubuntu:
 # apt install libtcmalloc-minimal4), glibc's otherwise or with ALLOCATOR=system. Batches whose
 # shapes change from step to step (BERT: padded to the longest pair, a varying number of masked
-# tokens) fragment glibc's heap: on the CPU BERT mini, 100 steps peak at 2.0 GB RSS with glibc
-# and 1.0 GB with tcmalloc, which also steps ~10% faster (bench/NOTES.md, "Memory").
+# tokens) fragment glibc's heap; tcmalloc bounds the peak memory and steps faster
+# (docs/results/cpu-bench.md#allocator).
 # ALLOCATOR=tcmalloc named by the user without the library installed stops the jobs that use it
 # (an unknown value too); `make help`, `setup`, `test` are not affected.
 ALLOCATOR ?= tcmalloc

@@ -1,1 +1,1 @@
-"""Benchmarks against the reference implementations (`make bench`); see bench/NOTES.md."""
+"""Benchmarks against the reference implementations (`make bench`); see docs/benchmarks.md."""

@@ -90,7 +90,7 @@ RECIPE_TARGET = 0.40  # ... and ours with our best recipe, in at most this share
 # for the same-recipe row): BERT's figures move more between runs than between recipes.
 # 2026-11-26, BERT with output_bias=unigram added: 0.284, then 0.177 (same-recipe rows 0.526,
 # 0.539), mostly the bias's head start: 7.55 before any step, against the reference's 7.53
-# after 300 s (README).
+# after 300 s (docs/results/time-to-loss.md).
 # 2026-11-27 (Xeon with AMX, bf16, 600 s; the reference ended at 476 s on 7.113): paced to
 # 0.40 of the reference's time (190 s), that recipe ended at 7.161 (226 steps) and 7.164 (228)
 # in two runs; with dropout off while pretraining (Cramming, Geiping & Goldstein 2022; GPT's

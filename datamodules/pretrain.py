@@ -490,7 +490,7 @@ class PretrainDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == "fit":
             # Lightning fetches one batch ahead, so count the batches the loop has processed
-            # (an internal that pipeline/lightning_compat.INTERNALS lists for its check).
+            # (an internal that pipeline/training/lightning_compat.INTERNALS lists for its check).
             done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
             return trainer.current_epoch, done // self.micro_batches
         if self._loader is not None:

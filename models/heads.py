@@ -65,8 +65,7 @@ ALIGNMENT_SCORES = 4  # per pair: both directions, at the word embeddings and th
 
 def default_pair_score(regression: bool) -> str:
     """How a pair read apart is scored unless set: by the cosine of its two texts for a
-    regression, by how their tokens align for classes (README, "Is the pretrained model any
-    good?": on BERT tiny it beat [u, v, |u - v|, u * v] on MRPC and RTE, pretrained and from
+    regression, by how their tokens align for classes (docs/results/quick-suite.md: on BERT tiny it beat [u, v, |u - v|, u * v] on MRPC and RTE, pretrained and from
     scratch)."""
     return "cosine" if regression else "alignment"
 

@@ -44,7 +44,13 @@ from pipeline.run.errors import (
     ConfigError,
     WrongFamilyError,
 )
-from pipeline.run.families import INFERENCE, families, family_named, family_of_model
+from pipeline.run.families import (
+    INFERENCE,
+    INFERENCE_COMMAND,
+    families,
+    family_named,
+    family_of_model,
+)
 from tokenizer import (
     TokenizerLoadError,
     UnsupportedTokenizerError,
@@ -188,7 +194,8 @@ def expect_inference(pretrained: Pretrained, inference: str) -> None:
         return
     able = " or ".join(f.name.upper() for f in families() if f.supports(inference)) or "model"
     raise WrongFamilyError(
-        f"{pretrained.source} holds a {family.name.upper()} model, but this command needs a "
+        f"{pretrained.source} holds a {family.name.upper()} model, but make "
+        f"{INFERENCE_COMMAND[inference]} needs a "
         f"{able} ({INFERENCE[inference]}); for a {family.name.upper()} use "
         f"make {family.try_command[0]}"
     )

@@ -55,7 +55,7 @@ def default_lr(config: ModelConfig) -> float:
 def default_epochs(config: ModelConfig) -> int:
     """The fine-tuning epochs when `trainer.max_epochs` is null, by model width: 10 for
     mini/tiny models, whose 3-epoch fine-tunes stopped before they had learned the quick suite's
-    2,000-example tasks (README, "Fine-tuning settings for mini widths": 3 seeds of the quick
+    2,000-example tasks (docs/results/quick-suite.md, "Fine-tuning settings for mini widths": 3 seeds of the quick
     suite on a 20-minute BERT mini), and the BERT paper's 3 for wider ones."""
     return 10 if config.d_model <= MINI_WIDTH else 3
 
@@ -171,7 +171,7 @@ def build_datamodule(
 
 
 # Widths up to this (BERT mini and tiny) read pair tasks with a siamese head by default: in a
-# one-seed screen of a 20-minute BERT mini (README, "Is the pretrained model any good?") it beat
+# one-seed screen of a 20-minute BERT mini (docs/results/quick-suite.md, "Head settings for mini widths") it beat
 # the cross-encoder on STS-B, MRPC and RTE, pretrained and from scratch.
 SIAMESE_UP_TO_WIDTH = MINI_WIDTH
 

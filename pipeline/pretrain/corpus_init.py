@@ -10,7 +10,7 @@
   predicts a uniform distribution (loss ln V, 9.0 for 8,192 tokens) and spends its first
   minutes learning which tokens are common. On WikiText-2 the validation loss (MLM + NSP) of
   BERT-mini before any step is 7.55 with it against 9.79 without, about where a `transformers`
-  loop stands after 5 CPU-minutes (README, Benchmarks). The embeddings, tied to the output
+  loop stands after 5 CPU-minutes (docs/results/time-to-loss.md). The embeddings, tied to the output
   layer, then need not carry token frequency either.
 
 A resumed run keeps what its checkpoint holds. Only training documents are read, never

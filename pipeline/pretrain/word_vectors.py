@@ -4,7 +4,7 @@
 
 A model pretrained for minutes on a CPU learns little about which words are alike: BERT mini's
 word embeddings after an hour of masked-LM training on WikiText-2 are, for a linear probe of
-sentiment, barely better than random ones (README, "Is the pretrained model any good?"). Counting
+sentiment, barely better than random ones (docs/results/quick-suite.md, History). Counting
 does in seconds what gradient steps do slowly: before the first step (pipeline/pretrain/corpus_init.py),
 the run counts how often each pair of tokens occurs within `window` positions of each other in
 its training documents, turns the counts into positive pointwise mutual information with

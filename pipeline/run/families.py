@@ -33,6 +33,8 @@ INFERENCE = {
     "generate": "a causal model to continue a text",
     "score": "a causal model to score a text",
 }
+# The make target that does each kind of inference.
+INFERENCE_COMMAND = {"fill-mask": "fill-mask", "generate": "generate", "score": "evaluate-lm"}
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Two commands writing one folder (two `make pretrain run_name=x` started together, a fine-tune
 started twice under one name) would mix their checkpoints, interleave their logs and overwrite
-each other's record. So the first process of a run (`run_folder.first_process`) takes the
+each other's record. So the first process of a run (`pipeline.run.folder.first_process`) takes the
 folder's lock before anything is written there, and holds it until it exits; a second command
 for the same folder stops with one line naming the owner's pid and host.
 

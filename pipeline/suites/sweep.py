@@ -41,8 +41,8 @@ class SweepRow:
         setting: the overrides that define it ("(default)" when only seeds vary).
         task: the task name.
         metric: `<split>/<metric>`, the main metric on the main split.
-        seeds: its jobs' seeds, in order.
-        values: the metric of each job, at its best checkpoint (in the order of the jobs).
+        seeds: its jobs' seeds, ascending.
+        values: the metric of each job, at its best checkpoint (in the order of `seeds`).
         median, min, max, std: over `values`.
     """
 
@@ -94,6 +94,7 @@ def summarize_results(results: list[FinetuneResults]) -> list[SweepRow]:
         groups[setting_of(result.overrides, common)].append(result)
     rows = []
     for setting, members in sorted(groups.items()):
+        members = sorted(members, key=lambda m: m.seed)  # seeds and values in the same order
         first = members[0]
         metric, split = first.main_metric, first.main_split
         values = [m.best.metrics[split][metric] for m in members]
@@ -103,7 +104,7 @@ def summarize_results(results: list[FinetuneResults]) -> list[SweepRow]:
                 setting=setting or "(default)",
                 task=first.task,
                 metric=f"{split}/{metric}",
-                seeds=sorted(m.seed for m in members),
+                seeds=[m.seed for m in members],
                 values=values,
                 median=summary.median,
                 min=summary.min,

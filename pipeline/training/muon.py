@@ -16,7 +16,7 @@ A fused projection (BERT's and GPT's QKV, SwiGLU's gate and up, `models.layers.f
 is several matrices in one weight. With `split_fused=True` each is orthogonalized on its own,
 with its own shape's learning-rate scale, as if the projections were separate layers, which is
 how Muon's reference implementations treat query, key and value; the default orthogonalizes the
-stack as one matrix, the setting every measurement in the README used.
+stack as one matrix, the setting every measurement in docs/results/ used.
 
 Muon needs whole matrices: FSDP, which hands the optimizer flat shards, is refused.
 """

@@ -2,8 +2,7 @@
 would compose it (no training), so that a renamed key, a removed option or a stale preset in the
 documentation fails the tests with the file and line of the command.
 
-The rules follow the Makefile and the CLI (pipeline/cli.py), read from their files rather than
-imported, so that moving modules inside pipeline/ does not break this check:
+The rules follow the Makefile and the CLI (pipeline/run/cli.py):
 
 - a target that runs `$(RUN) pipeline.commands.<name>` composes the Hydra config named by
   `config_name=` in pipeline/commands/<name>.py; any other target (`make test`, `make bench`,
@@ -31,12 +30,12 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from pipeline.run.cli import MAKE_ONLY_VARIABLES  # the Makefile's own variables, never overrides
+
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
 COMMANDS = REPO / "pipeline" / "commands"
 MAKEFILE = REPO / "Makefile"
-# Variables of the Makefile itself, never Hydra overrides (pipeline/cli.py MAKE_ONLY_VARIABLES).
-MAKE_ONLY_VARIABLES = {"ALLOCATOR", "ARGS", "PYTHON", "QUICK", "VENV"}
 # Where a shell command ends.
 SHELL_ENDS = {";", "&&", "||", "|", ">", ">>", "&"}
 
@@ -155,7 +154,7 @@ def entry_point(module: str) -> EntryPoint:
 
 
 def _hydra_quote(text: str) -> str:
-    """A single-quoted Hydra string that reads back as `text` (pipeline/cli.py's quoting)."""
+    """A single-quoted Hydra string that reads back as `text` (pipeline/run/cli.py's quoting)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 

@@ -193,9 +193,13 @@ def test_expect_inference(tmp_path):
     _, _, ckpt = write_run(tmp_path, "bert")
     loaded = load_pretrained(ckpt)
     expect_inference(loaded, "fill-mask")
-    with pytest.raises(WrongFamilyError, match="holds a BERT model.*needs a GPT.*make fill-mask"):
+    with pytest.raises(
+        WrongFamilyError, match="holds a BERT model, but make generate needs a GPT.*make fill-mask"
+    ):
         expect_inference(loaded, "generate")
-    with pytest.raises(WrongFamilyError, match="needs a GPT \\(a causal model to score a text"):
+    with pytest.raises(
+        WrongFamilyError, match="make evaluate-lm needs a GPT \\(a causal model to score a text"
+    ):
         expect_inference(loaded, "score")
 
 

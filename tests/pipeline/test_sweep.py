@@ -51,6 +51,15 @@ def test_summary_is_the_median_and_spread_over_seeds():
     assert "| optim.lr=5e-5 | rte dev/accuracy | 3 | 0.6600 | 0.5200 | 0.7000 |" in table
 
 
+def test_each_value_stands_beside_its_seed_whatever_order_the_jobs_finished_in():
+    """A multirun's job folders list in any order (job 10 before job 2): the row pairs each
+    seed with its own job's metric."""
+    jobs = [result("1e-4", 3, 0.3), result("1e-4", 1, 0.1), result("1e-4", 2, 0.2)]
+    [row] = summarize_results([FinetuneResults.from_dict(r) for r in jobs])
+    assert row.seeds == [1, 2, 3]
+    assert row.values == [0.1, 0.2, 0.3]
+
+
 def test_sweep_folder_summary_files(tmp_path):
     for job, (seed, v) in enumerate([(1, 0.5), (2, 0.7)]):
         (tmp_path / str(job)).mkdir()

@@ -290,4 +290,4 @@ def test_a_same_size_edit_with_the_mtime_restored_retrains_the_tokenizer(tmp_pat
     os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
     edited_auto, edited_stat = cache_paths()
     assert edited_auto != auto  # a new tokenizer for the new text
-    assert edited_stat == stat  # what `stat` cannot see (the README says so)
+    assert edited_stat == stat  # what `stat` cannot see (docs/data.md says so)
