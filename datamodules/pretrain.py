@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,7 @@ def store_settings(objective: Objective, tokenizer: Tokenizer) -> StoreSettings:
             )
         return StoreSettings(sentences=True)
     if isinstance(objective, CausalLMObjective):
-        # A wordpiece tokenizer has no end-of-text token; [SEP] separates documents instead.
-        return StoreSettings(
-            sentences=False, eos_id=special.eot if special.eot is not None else special.sep
-        )
+        return StoreSettings(sentences=False, eos_id=special.document_separator)
     raise TypeError(f"unknown objective {type(objective).__name__}")
 
 
@@ -342,6 +340,17 @@ class PretrainDataModule(L.LightningDataModule):
             tokens = int(np.diff(store.doc_offsets)[train_docs].sum())
             for phase in self.phases:
                 require_window(TRAIN, tokens, phase.objective.seq_len)
+
+    def training_documents(self, world_size: int = 1) -> Iterator[np.ndarray]:
+        """The token ids of every training document, in store order, the validation documents
+        held out as `setup` holds them out for `world_size` processes (the store is built if
+        it is not in the cache). What counting models of the run's corpus count."""
+        store = self._open(self.corpus, may_build=True)
+        if self.val_corpus is not None:
+            documents = np.arange(store.num_documents)
+        else:
+            documents, _ = self._split(store, world_size)
+        return (store.document(int(i)) for i in documents)
 
     def _split(self, store: TokenStore, world_size: int) -> tuple[np.ndarray, np.ndarray]:
         """(training, validation) documents of `store`, when there is no validation corpus."""

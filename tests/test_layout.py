@@ -24,6 +24,7 @@ MAY_IMPORT = {
         "pipeline.run",
         "pipeline.training",
         "pipeline.checkpoint",
+        "pipeline.infer",
         "pipeline.finetune",
     },
     "pipeline.suites": {
@@ -31,6 +32,8 @@ MAY_IMPORT = {
         "pipeline.training",
         "pipeline.checkpoint",
         "pipeline.finetune",
+        "pipeline.pretrain",
+        "pipeline.infer",
     },
     "pipeline.infer": {"pipeline.run", "pipeline.checkpoint"},
     "pipeline.report": {"pipeline.run", "pipeline.finetune", "pipeline.suites"},

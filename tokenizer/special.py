@@ -38,6 +38,15 @@ class SpecialIds:
     def all(self) -> set[int]:
         return {v for v in vars(self).values() if v is not None}
 
+    @property
+    def document_separator(self) -> int:
+        """The id that ends one document and starts the next in a causal model's stream: the
+        end-of-text token, or [SEP] for a WordPiece tokenizer (which has none)."""
+        separator = self.eot if self.eot is not None else self.sep
+        if separator is None:
+            raise MissingSpecialTokensError("the tokenizer has neither an end-of-text nor [SEP]")
+        return separator
+
     def ordered(self) -> tuple[int, ...]:
         """Every special id, ascending (the ids a pair's token alignment leaves out)."""
         return tuple(sorted(self.all()))

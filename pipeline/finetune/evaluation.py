@@ -33,7 +33,7 @@ from pipeline.finetune.settings import (
 )
 from pipeline.finetune.task_module import TaskModule
 from pipeline.run.errors import ConfigError
-from pipeline.run.folder import CHECKPOINT_DIR
+from pipeline.run.folder import run_folder_of
 from pipeline.training.precision import best_precision
 from tokenizer import atomic_path
 
@@ -194,12 +194,6 @@ def evaluation_file_name(task: str, settings: dict[str, Any], default: dict[str,
         digest = hashlib.sha256(json.dumps(settings["task"], sort_keys=True).encode())
         parts.append(digest.hexdigest()[:8])
     return "-".join(parts) + ".json"
-
-
-def run_folder_of(checkpoint: Path) -> Path:
-    return (
-        checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINT_DIR else checkpoint.parent
-    )
 
 
 def predict(cfg: DictConfig) -> list[Path]:

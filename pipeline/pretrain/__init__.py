@@ -1,7 +1,9 @@
 """Pretraining: the config checks of a pretraining run, the run itself (`make pretrain`), its
-LightningModules, the time budget, corpus-initialised embeddings and output bias, and the probes
-that score the model during training (they fit task heads, so this package may import
-`pipeline.finetune`).
+LightningModules, the time budget, corpus-initialised embeddings and output bias, the probes
+that score the model during training (the GLUE probes fit task heads, so this package may import
+`pipeline.finetune`; the BLiMP probe scores sentences as `pipeline.infer` does), and the
+training documents of a finished run read back from its config.
 
-Imports `pipeline.run`, `pipeline.training`, `pipeline.checkpoint`, `pipeline.finetune`.
+Imports `pipeline.run`, `pipeline.training`, `pipeline.checkpoint`, `pipeline.infer`,
+`pipeline.finetune`.
 """

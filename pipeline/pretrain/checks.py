@@ -298,6 +298,15 @@ def _check_probe(probe: DictConfig | None, trainer: DictConfig) -> None:
     if probe is None:
         return
     _refuse_sharded(trainer, "probe=...", WITHOUT_PROBES)
+    if "blimp" in probe:
+        for key, value in (
+            ("every_n_steps", probe.get("every_n_steps")),
+            ("blimp.pairs", probe.blimp.get("pairs")),
+            ("blimp.batch_size", probe.blimp.get("batch_size")),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"probe.{key}={value!r}: use a positive integer")
+        return
     if not probe.get("tasks"):
         raise ConfigError(f"probe.tasks is empty: name at least one task, or {WITHOUT_PROBES}")
     for key in ("every_n_steps", "train_examples", "dev_examples", "batch_size"):

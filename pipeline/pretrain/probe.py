@@ -79,7 +79,54 @@ class _ProbeData:
         return (pair_cosine if score == "cosine" else pair_features)(states_ND)
 
 
-class Probe(L.Callback):
+class StepProbe(L.Callback):
+    """Measures the model being trained before the first step, every `every_n_steps` optimizer
+    steps and at the end, and logs what `scores` returns (plus `probe/seconds`) to every
+    logger; a subclass says what `scores` measures."""
+
+    def __init__(self, every_n_steps: int) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"probe.every_n_steps={every_n_steps}: use 1 or more")
+        self.every_n_steps = every_n_steps
+        self._last_step: int | None = None
+
+    def scores(self, model: torch.nn.Module, device: torch.device) -> dict[str, float]:
+        raise NotImplementedError
+
+    # --- when -----------------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step == 0:  # the random-init reference (a resumed run has it)
+            self._probe(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
+            self._probe(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step != self._last_step:
+            self._probe(trainer, pl_module)
+
+    def _probe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        started = time.perf_counter()
+        metrics = self.scores(pl_module.model, pl_module.device)
+        metrics[f"{PREFIX}/seconds"] = time.perf_counter() - started
+        self._last_step = trainer.global_step
+        if trainer.is_global_zero:
+            for (
+                logger
+            ) in trainer.loggers:  # they number steps from one (pipeline/training/loggers.py)
+                logger.log_metrics(metrics, step=trainer.global_step - 1)
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+            log.info("probe at step %d: %s", trainer.global_step, shown)
+            self.logged(trainer, metrics)
+
+    def logged(self, trainer: L.Trainer, metrics: dict[str, float]) -> None:
+        """After the first process logged `metrics` (a subclass may keep more)."""
+
+
+class Probe(StepProbe):
     """Linear probes of the model's features on labelled tasks, during pretraining.
 
     Args:
@@ -104,11 +151,9 @@ class Probe(L.Callback):
         batch_size: int = 64,
         template: InputTemplate | None = None,
     ) -> None:
-        if every_n_steps < 1:
-            raise ValueError(f"probe.every_n_steps={every_n_steps}: use 1 or more")
+        super().__init__(every_n_steps)
         if not tasks:
             raise ValueError(f"probe.tasks is empty: name at least one task, or {WITHOUT_PROBES}")
-        self.every_n_steps = every_n_steps
         self.data: list[_ProbeData] = []
         for task in tasks:
             module = FinetuneDataModule(
@@ -131,37 +176,6 @@ class Probe(L.Callback):
                     torch.tensor(special_ids(tokenizer).ordered()),
                 )
             )
-        self._last_step: int | None = None
-
-    # --- when -----------------------------------------------------------------------------------
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.global_step == 0:  # the random-init reference (a resumed run has it)
-            self._probe(trainer, pl_module)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if step > 0 and step % self.every_n_steps == 0 and step != self._last_step:
-            self._probe(trainer, pl_module)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.global_step != self._last_step:
-            self._probe(trainer, pl_module)
-
-    # --- what -----------------------------------------------------------------------------------
-
-    def _probe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        started = time.perf_counter()
-        metrics = self.scores(pl_module.model, pl_module.device)
-        metrics[f"{PREFIX}/seconds"] = time.perf_counter() - started
-        self._last_step = trainer.global_step
-        if trainer.is_global_zero:
-            for (
-                logger
-            ) in trainer.loggers:  # they number steps from one (pipeline/training/loggers.py)
-                logger.log_metrics(metrics, step=trainer.global_step - 1)
-            shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-            log.info("probe at step %d: %s", trainer.global_step, shown)
 
     @torch.no_grad()
     def scores(self, model: torch.nn.Module, device: torch.device) -> dict[str, float]:

@@ -33,14 +33,15 @@ from pipeline.checkpoint.saving import (
 )
 from pipeline.checkpoint.source import CheckpointSource, resolve_resume
 from pipeline.finetune.settings import task_from
+from pipeline.pretrain.blimp_probe import BlimpProbe
 from pipeline.pretrain.budget import TimeBudget
 from pipeline.pretrain.checks import WITHOUT_PROBES, RunPlan
 from pipeline.pretrain.corpus_init import CorpusInit
 from pipeline.pretrain.modules import PretrainModule
-from pipeline.pretrain.probe import Probe
+from pipeline.pretrain.probe import Probe, StepProbe
 from pipeline.run.errors import ConfigError
 from pipeline.run.families import family_named
-from pipeline.run.folder import attempt_record, first_process
+from pipeline.run.folder import HF_DIR, LOG_DIR, attempt_record, first_process
 from pipeline.run.launcher import launcher_rank
 from pipeline.training.callbacks import Throughput, ValidateLastStep
 from pipeline.training.loggers import (
@@ -69,7 +70,7 @@ def build_trainer(
     extras: L.Callback,
     *,
     budget: TimeBudget | None = None,
-    probe: Probe | None = None,
+    probe: StepProbe | None = None,
     corpus_init: CorpusInit | None = None,
     resumed: CheckpointSource | None = None,
 ) -> L.Trainer:
@@ -160,7 +161,7 @@ def assemble(
         trained_seq_len=functools.partial(trained_seq_len, datamodule.phases),
     )
     budget = TimeBudget(length.budget_s, pace) if pace is not None else None
-    probe = build_probe(cfg.get("probe"), tokenizer, plan)
+    probe = build_probe(cfg.get("probe"), tokenizer, plan, run_dir)
     corpus_init = build_corpus_init(cfg) if resumed is None else None  # else the checkpoint's
     trainer = build_trainer(
         cfg,
@@ -183,12 +184,26 @@ def build_corpus_init(cfg: DictConfig) -> CorpusInit | None:
     return CorpusInit(window, unigram_bias) if window is not None or unigram_bias else None
 
 
-def build_probe(node: DictConfig | None, tokenizer: Tokenizer, plan: RunPlan) -> Probe | None:
-    """The run's downstream probes (`probe=glue`), their data read and encoded now, so that a
-    missing task file stops the run before it trains; None without `probe`."""
+def build_probe(
+    node: DictConfig | None, tokenizer: Tokenizer, plan: RunPlan, run_dir: Path
+) -> StepProbe | None:
+    """The run's probes (`probe=glue`: linear probes of tasks; `probe=blimp`: zero-shot
+    grammar), their data read (and encoded) now, so that a missing file stops the run before
+    it trains; None without `probe`."""
     if node is None:
         return None
     try:
+        if "blimp" in node:
+            return BlimpProbe(
+                plan.family,
+                tokenizer,
+                node.blimp.dir,
+                run_dir / LOG_DIR,
+                every_n_steps=node.every_n_steps,
+                pairs=node.blimp.pairs,
+                pll=node.blimp.pll,
+                batch_size=node.blimp.batch_size,
+            )
         return Probe(
             [task_from(task) for task in node.tasks.values()],
             tokenizer,
@@ -258,7 +273,7 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         export_dir = None
         if family_named(plan.family).hf_auto_class is not None:  # a family with an HF mapping
             final = load_pretrained(trainer.checkpoint_callback.last_model_path)
-            export_dir = export_hf(final.model, run_dir / "hf", tokenizer=tokenizer)
+            export_dir = export_hf(final.model, run_dir / HF_DIR, tokenizer=tokenizer)
         tracking = log_run_end(trainer.loggers, hf_export=str(export_dir))
         print_summary(trainer, run_dir, export_dir, plan.family, tracking)
 
@@ -279,7 +294,7 @@ def print_summary(
     places = {
         "checkpoint": Path(last) if last else None,
         "HF export": export_dir,
-        "metrics": run_dir / "logs" / "metrics.csv",
+        "metrics": run_dir / LOG_DIR / "metrics.csv",
         "config": attempt_record(run_dir),
     }
     for label, path in places.items():

@@ -16,6 +16,7 @@ from pipeline.report.plots import (
     DPI,
     FIGSIZE,
     PRETRAIN_PLOTS,
+    plot_blimp,
     plot_curves,
     plot_finetune_curves,
     plot_finetune_scores,
@@ -32,6 +33,7 @@ from pipeline.report.runs import (
     finetune_groups,
 )
 from pipeline.report.tables import (
+    blimp_table,
     config_table,
     final_metrics_table,
     finetune_tables,
@@ -130,6 +132,14 @@ def _pretrain_section(builder: _Builder, runs: list[PretrainRun]) -> None:
             f"no MFU: no run logged {MFU} (it is logged on GPUs whose peak FLOP/s is known, "
             "never on CPU)"
         )
+    for run in runs:
+        for name, record in run.blimp.items():
+            stem = Path(name).stem
+            title = f"BLiMP: {run.label} ({name})"
+            builder.heading(title)
+            builder.raw(blimp_table(record))
+            png = f"{run.label.replace('/', '_')}-{stem}"
+            builder.plot(png, title, lambda p, r=record: plot_blimp(r, p), "")
     builder.heading("Final metrics")
     builder.raw(final_metrics_table(runs))
     builder.heading("Configuration")

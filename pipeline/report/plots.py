@@ -19,6 +19,7 @@ from pipeline.report.runs import MFU, TOKENS_PER_S, FinetuneRun, PretrainRun, lr
 from pipeline.suites.seeds import summarize_seeds
 from pipeline.suites.summary import SuiteSummary
 
+BLIMP_PROBE = "probe/blimp"  # the overall BLiMP accuracy of `make pretrain probe=blimp`
 # Every PNG has this size: 900 x 450 pixels.
 FIGSIZE = (9.0, 4.5)
 DPI = 100
@@ -188,8 +189,14 @@ def plot_curves(spec: Curves, runs: list[PretrainRun], path: Path) -> bool:
 
 
 def probe_columns(runs: list[PretrainRun]) -> list[str]:
-    """The `probe/<task>/<metric>` columns any run logged (pipeline/pretrain/probe.py)."""
-    names = {c for run in runs for c in run.metrics if c.startswith("probe/") and c.count("/") == 2}
+    """The `probe/<task>/<metric>` columns any run logged (pipeline/pretrain/probe.py), and
+    `probe/blimp` (pipeline/pretrain/blimp_probe.py)."""
+    names = {
+        c
+        for run in runs
+        for c in run.metrics
+        if (c.startswith("probe/") and c.count("/") == 2) or c == BLIMP_PROBE
+    }
     return sorted(names)
 
 
@@ -215,6 +222,26 @@ def plot_probes(runs: list[PretrainRun], path: Path) -> bool:
             if steps[0] == 0:
                 axes.axhline(values[0], color=color, lw=1, ls=":")
     axes.legend(fontsize="small")
+    figure.savefig(path)
+    return True
+
+
+def plot_blimp(record: dict[str, Any], path: Path) -> bool:
+    """A BLiMP record's overall accuracy per row as bars, with chance (50%) dashed."""
+    rows = record["rows"]
+    figure, axes = new_figure("BLiMP: zero-shot grammar (mean over phenomena)", "accuracy (%)", "")
+    names = [row["name"] for row in rows]
+    values = [row["overall"] for row in rows]
+    colors = [PALETTE[i % len(PALETTE)] for i in range(len(rows))]
+    bars = axes.barh(range(len(rows)), values, color=colors)
+    axes.bar_label(bars, fmt="%.1f", padding=3, fontsize="small")
+    axes.set_yticks(range(len(rows)), names, fontsize="small")
+    axes.invert_yaxis()
+    axes.axvline(50.0, color="#555", lw=1, ls="--", label="chance")
+    axes.set_xlim(0, 100)
+    axes.set_xlabel("accuracy (%)")
+    axes.set_ylabel("")
+    axes.legend(fontsize="small", loc="lower right")
     figure.savefig(path)
     return True
 

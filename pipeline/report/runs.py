@@ -1,7 +1,8 @@
 """Reading run folders: what `make pretrain`, `make finetune` and `make glue` leave behind.
 
 A pretraining run folder holds `logs/metrics.csv`, and its config in `logs/hparams.yaml` (written
-by pipeline/training/loggers.py), else `.hydra/config.yaml`. A fine-tuning run folder holds
+by pipeline/training/loggers.py), else `.hydra/config.yaml`, and the `blimp*.json` records of
+`make evaluate-lm suite=blimp`. A fine-tuning run folder holds
 `results.json`; a multirun folder holds one fine-tuning run per numbered subfolder; a suite
 folder of `make glue` holds `glue_suite.json` (read by `pipeline.suites.summary`).
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import csv
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import yaml
 from pipeline.finetune.results import FinetuneResults
 from pipeline.run.errors import ResultsError, SuiteRecordError
 from pipeline.run.folder import RESULTS, SUITE_RECORD
+from pipeline.suites.blimp import read_reports as read_blimp_reports
 from pipeline.suites.summary import SuiteSummary, summarize_suites
 
 Series = dict[int, float]  # step -> value
@@ -77,6 +79,7 @@ class PretrainRun:
     label: str
     metrics: dict[str, Series]
     config: dict[str, Any]
+    blimp: dict[str, dict[str, Any]] = field(default_factory=dict)  # blimp*.json, by file name
 
     @classmethod
     def load(cls, path: Path, label: str) -> PretrainRun:
@@ -84,7 +87,8 @@ class PretrainRun:
         config = hparams or _read_yaml(path / ".hydra" / "config.yaml")
         choices = _read_yaml(path / ".hydra" / "hydra.yaml").get("hydra", {}).get("runtime", {})
         config = {**config, "choice": choices.get("choices") or {}}
-        return cls(path, label, read_metrics(path / "logs" / "metrics.csv"), config)
+        metrics = read_metrics(path / "logs" / "metrics.csv")
+        return cls(path, label, metrics, config, read_blimp_reports(path))
 
     def lookup(self, key: str) -> Any:
         node: Any = self.config

@@ -73,6 +73,20 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def blimp_table(record: dict[str, Any]) -> str:
+    """A BLiMP record (`pipeline.suites.blimp`) as a table: a column per scored or paper row,
+    overall first, then each linguistic term."""
+    rows = record["rows"]
+    terms = list(rows[0]["terms"])
+    body = [["overall", *(round(r["overall"], 1) for r in rows)]]
+    body += [[term, *(_one_decimal(r["terms"].get(term)) for r in rows)] for term in terms]
+    return table(["accuracy (%)", *(r["name"] for r in rows)], body)
+
+
+def _one_decimal(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
 def config_table(runs: list[PretrainRun]) -> str:
     rows = [[label, *(run.lookup(key) for run in runs)] for label, key in CONFIG_ROWS]
     rows = [row for row in rows if any(cell not in (None, "") for cell in row[1:])]

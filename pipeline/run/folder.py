@@ -43,6 +43,8 @@ Command = Literal["pretrain", "finetune", "glue"]
 RESULTS = "results.json"
 SUITE_RECORD = "glue_suite.json"  # a `make glue` suite folder (pipeline/suites/glue.py)
 CHECKPOINT_DIR = "checkpoints"
+HF_DIR = "hf"  # a pretraining run's Hugging Face export
+LOG_DIR = "logs"  # the CSV log (conf/logger/csv.yaml) and the probes' records
 RECORD_DIR = ".hydra"
 
 # The run folder this process's attempt created (set before Hydra writes into it), if any,
@@ -144,6 +146,19 @@ def remove_unused_run_folder() -> Path | None:
         except OSError:  # another run's folder is there now
             break
     return run_dir
+
+
+def run_folder_of(source: Path) -> Path:
+    """The run folder a checkpoint file or a run's HF export belongs to, where what is measured
+    of it is written: `<run>/checkpoints/x.ckpt` and `<run>/hf` give `<run>`; another HF
+    folder is its own, another file's folder is the file's."""
+    if source.is_dir():
+        return (
+            source.parent
+            if source.name == HF_DIR and (source.parent / CHECKPOINT_DIR).is_dir()
+            else source
+        )
+    return source.parent.parent if source.parent.name == CHECKPOINT_DIR else source.parent
 
 
 def first_process() -> bool:

@@ -1,5 +1,7 @@
-"""Many fine-tunes read as one answer: `make glue` (pretrained vs from-scratch twin vs baselines),
-its record (`record.py`, glue_suite.json), suite summaries, multirun sweeps and seed statistics.
+"""Many measurements read as one answer: `make glue` (pretrained vs from-scratch twin vs
+baselines) and its record (`record.py`, glue_suite.json), `make evaluate-lm suite=blimp` (the
+model vs its twin, an n-gram model of its corpus and the paper's models), suite summaries,
+multirun sweeps and seed statistics.
 
-Imports `pipeline.finetune` and below.
+Imports `pipeline.pretrain`, `pipeline.infer` and below.
 """

@@ -94,6 +94,11 @@ def suite_tasks(cfg: DictConfig) -> list[SuiteTask]:
     Raises:
         ConfigError: no task, or a suite entry that is not a mapping of settings.
     """
+    if "suite" in cfg and "tasks" not in cfg.suite:
+        raise ConfigError(
+            f"suite={cfg.suite.get('name')} is not a suite of fine-tuning tasks (make evaluate-lm "
+            "runs it); choose suite=quick or suite=full"
+        )
     listed = OmegaConf.to_container(cfg.suite.tasks, resolve=True) if "suite" in cfg else {}
     if not isinstance(listed, dict):
         raise ConfigError(

@@ -89,7 +89,21 @@ def test_an_unknown_task_is_one_line_with_the_choices_and_leaves_no_folder(tmp_p
     assert not [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
 
 
-@pytest.mark.parametrize("suite_name", sorted(p.stem for p in (CONF / "suite").glob("*.yaml")))
+GLUE_SUITES = sorted(
+    p.stem for p in (CONF / "suite").glob("*.yaml") if "tasks" in OmegaConf.load(p)
+)
+
+
+def test_the_suites_of_make_glue_are_found():
+    assert {"quick", "full"} <= set(GLUE_SUITES) and "blimp" not in GLUE_SUITES
+
+
+def test_a_suite_of_another_command_is_refused():
+    with pytest.raises(ConfigError, match="suite=blimp is not a suite of fine-tuning tasks"):
+        suite_tasks(compose_config("glue", "suite=blimp"))
+
+
+@pytest.mark.parametrize("suite_name", GLUE_SUITES)
 def test_every_suite_lists_task_configs_and_settings_that_exist(suite_name):
     cfg = compose_config("glue", f"suite={suite_name}")
     tasks = suite_tasks(cfg)

@@ -145,9 +145,10 @@ def overlap_probe(family: str, kind: str, tmp_path: Path) -> dict[str, float]:
     return probe.scores(tiny_model(family, tokenizer), torch.device("cpu"))
 
 
-def probe_steps(run_dir: Path) -> dict[int, dict[str, str]]:
+def probe_steps(run_dir: Path, column: str = "probe/sst2/accuracy") -> dict[int, dict[str, str]]:
+    """step -> the CSV log's row of that step's probe (the rows where `column` is logged)."""
     with open(run_dir / "logs" / "metrics.csv") as handle:
-        return {int(r["step"]): r for r in csv.DictReader(handle) if r.get("probe/sst2/accuracy")}
+        return {int(r["step"]): r for r in csv.DictReader(handle) if r.get(column)}
 
 
 def probe_overrides(folders: dict[str, Path]) -> list[str]:

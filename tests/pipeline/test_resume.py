@@ -29,6 +29,7 @@ from tests.conftest import (
     pretrain_command,
     run_pretrain,
 )
+from tests.pipeline.test_blimp import write_blimp
 from tests.pipeline.test_probe import probe_overrides, probe_steps, write_probe_tasks
 from tokenizer import TokenizerSpec, get_tokenizer
 
@@ -564,17 +565,26 @@ def test_resume_auto_stops_when_no_checkpoint_can_be_read(tmp_path):
     assert (checkpoints / "step0000005.ckpt").exists()  # only the first process moves files
 
 
-def test_probes_change_nothing_and_a_probed_run_resumes_exactly(shared_runs):
-    """probe=glue (pipeline/pretrain/probe.py): a run with probes every 5 steps, killed and resumed,
-    ends exactly as the uninterrupted run without probes: the probes consume no random
-    numbers of training and read no training data."""
+@pytest.mark.parametrize("kind", ["glue", "blimp"])
+def test_probes_change_nothing_and_a_probed_run_resumes_exactly(shared_runs, kind):
+    """probe=glue (pipeline/pretrain/probe.py) and probe=blimp (blimp_probe.py): a run with
+    probes every 5 steps, killed and resumed, ends exactly as the uninterrupted run without
+    probes: the probes consume no random numbers of training and read no training data."""
     tmp_path, reference = shared_runs
-    folders = write_probe_tasks(tmp_path / "probe-data")
-    run = (*RUN, f"trainer.max_steps={STEPS}", *probe_overrides(folders), "probe.every_n_steps=5")
-    process = interrupt_mid_run(tmp_path, run, "probed-killed", signal.SIGKILL)
+    if kind == "glue":
+        probe, column = probe_overrides(write_probe_tasks(tmp_path / "probe-data")), None
+    else:
+        blimp = write_blimp(tmp_path / "blimp-data")
+        probe, column = (
+            ["probe=blimp", f"probe.blimp.dir={blimp}", "probe.blimp.pairs=2"],
+            "probe/blimp",
+        )
+    run = (*RUN, f"trainer.max_steps={STEPS}", *probe, "probe.every_n_steps=5")
+    name = f"probed-{kind}-killed"
+    process = interrupt_mid_run(tmp_path, run, name, signal.SIGKILL)
     assert process.returncode == -signal.SIGKILL
-    start = assert_resumes_exactly(tmp_path, run, "probed-killed", reference(1))
-    logged = probe_steps(tmp_path / "out/bert-tiny/probed-killed")
+    start = assert_resumes_exactly(tmp_path, run, name, reference(1))
+    logged = probe_steps(tmp_path / "out/bert-tiny" / name, *([column] if column else []))
     assert {0, start + 5 - start % 5, STEPS} <= set(logged)
 
 

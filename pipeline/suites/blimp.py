@@ -1,0 +1,253 @@
+"""`make evaluate-lm ckpt=<run> suite=blimp`: has the model learned the language, beyond what
+counting words gives? BLiMP's minimal pairs (pipeline/infer/blimp.py) scored zero-shot by the
+model, and in the same command by what it must beat:
+
+- its from-scratch twin: the same architecture and tokenizer with random weights (chance, give
+  or take what a random model's preferences for shorter sentences give);
+- an n-gram model of its own corpus: interpolated Kneser-Ney (`pipeline/infer/ngram.py`, order
+  3 by default) counted from the very training documents the run pretrained on, with its
+  tokenizer; a model that does not beat it is marked, as `make glue` marks one below its
+  baseline;
+- the paper's models (a 5-gram of 3 billion words, an LSTM, Transformer-XL, GPT-2), read from
+  the dataset's results file, over the same phenomena.
+
+The table (overall and per linguistic term) is printed and written as JSON and markdown into
+the run's folder (`blimp.json`, `blimp-pairs100.json` for a capped run, ...) or to `out=`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.checkpoint.load import Pretrained, load_pretrained
+from pipeline.checkpoint.source import CheckpointSource
+from pipeline.infer.blimp import CHANCE, BlimpScores, Pair, answers, read_pairs
+from pipeline.infer.ngram import KneserNey
+from pipeline.infer.sentence_scoring import SentenceScorer
+from pipeline.pretrain.documents import run_training_documents
+from pipeline.run.errors import ResultsError
+from pipeline.run.families import family_named
+from pipeline.run.folder import run_folder_of
+from pipeline.suites.seeds import PairedDifference, paired_difference
+from tokenizer.cache import write_text_atomic
+
+MODEL, TWIN = "model", "random twin"
+DEFAULT_PLL = "word_l2r"
+
+
+@dataclass
+class BlimpReport:
+    """The rows of one `suite=blimp` evaluation and what they were measured with.
+
+    Attributes:
+        source: the checkpoint or folder evaluated.
+        method: how sentences were scored ("causal", "pll_word_l2r", "pll_token").
+        rows: the model first, then its twin, the n-gram model and the paper's rows.
+        settings: the `blimp` settings (pairs, phenomena, ...).
+        seconds: time each scored row took.
+        ngram_skipped: why there is no n-gram row, when there is none.
+    """
+
+    source: str
+    method: str
+    rows: list[BlimpScores]
+    settings: dict[str, Any]
+    seconds: dict[str, float] = field(default_factory=dict)
+    ngram_skipped: str | None = None
+
+    def row(self, name: str) -> BlimpScores | None:
+        return next((r for r in self.rows if r.name == name), None)
+
+    @property
+    def ngram(self) -> BlimpScores | None:
+        return next((r for r in self.rows if r.name.endswith("of the corpus")), None)
+
+    def versus(self, other: BlimpScores | None) -> PairedDifference | None:
+        """The model's overall accuracy minus `other`'s, with a 95% t interval over the
+        phenomena (paired: the same phenomena on both sides)."""
+        model = self.row(MODEL)
+        if other is None or model is None or len(model.phenomena) < 2:
+            return None
+        return paired_difference(model.phenomena, other.phenomena)
+
+    @property
+    def below_ngram(self) -> bool:
+        """Whether the model does not beat the n-gram model of its corpus overall."""
+        model, ngram = self.row(MODEL), self.ngram
+        return model is not None and ngram is not None and model.overall <= ngram.overall
+
+    def record(self) -> dict[str, Any]:
+        versus = {
+            name: None if diff is None else vars(diff)
+            for name, diff in (
+                ("twin", self.versus(self.row(TWIN))),
+                ("ngram", self.versus(self.ngram)),
+            )
+        }
+        return {
+            "source": self.source,
+            "method": self.method,
+            "settings": self.settings,
+            "rows": [row.record() for row in self.rows],
+            "model_minus": versus,
+            "below_ngram": self.below_ngram,
+            "ngram_skipped": self.ngram_skipped,
+            "seconds": self.seconds,
+        }
+
+    def table(self) -> str:
+        """Markdown: a column per row, overall first and then each linguistic term."""
+        terms = list(self.rows[0].terms)
+        header = "| | " + " | ".join(r.name for r in self.rows) + " |"
+        lines = [header, "|---|" + "---:|" * len(self.rows)]
+        lines.append(
+            "| **overall** | " + " | ".join(f"**{r.overall:.1f}**" for r in self.rows) + " |"
+        )
+        for term in terms:
+            cells = [f"{r.terms[term]:.1f}" if term in r.terms else "" for r in self.rows]
+            lines.append(f"| {term} | " + " | ".join(cells) + " |")
+        model = self.row(MODEL)
+        pairs = model.pairs if model else 0
+        notes = [
+            f"Accuracy (%) on {pairs:,} pairs of {len(self.rows[0].phenomena)} phenomena, "
+            f"mean over phenomena; chance {CHANCE:.0f}. Scored by {self.method}."
+        ]
+        for name, other in (
+            ("its random twin", self.row(TWIN)),
+            ("the n-gram model of its corpus", self.ngram),
+        ):
+            diff = self.versus(other)
+            if diff is not None and diff.low is not None:
+                notes.append(
+                    f"Model minus {name}: {diff.mean:+.1f} [{diff.low:+.1f}, {diff.high:+.1f}] "
+                    "(95% interval over phenomena)."
+                )
+        if self.below_ngram:
+            notes.append(
+                "**Below the n-gram model of its own corpus**: the model has not learned more "
+                "grammar than counting its corpus gives."
+            )
+        if self.ngram_skipped:
+            notes.append(f"No n-gram row: {self.ngram_skipped}.")
+        return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
+
+
+def random_twin(pretrained: Pretrained, seed: int) -> Pretrained:
+    """The same architecture and tokenizer with the random weights a fresh run starts from."""
+    model_class = family_named(pretrained.family).model_class
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(pretrained.model.config)
+    return Pretrained(pretrained.family, model.eval(), pretrained.tokenizer, pretrained.source)
+
+
+def ngram_scores(
+    pairs: Sequence[Pair], source: CheckpointSource, pretrained: Pretrained, order: int
+) -> BlimpScores:
+    """The pairs scored by a Kneser-Ney model of `order` counted from the run's training
+    documents, tokenized as the model reads them."""
+    tokenizer = pretrained.tokenizer
+    documents = run_training_documents(source.record.config, tokenizer)
+    lm = KneserNey.fit(documents, tokenizer.get_vocab_size(with_added_tokens=True), order)
+
+    def score(sentences: list[str]) -> list[float]:
+        encoded = tokenizer.encode_batch(sentences, add_special_tokens=False)
+        return [lm.logprob(e.ids) for e in encoded]
+
+    return BlimpScores.of(f"{order}-gram of the corpus", pairs, answers(pairs, score))
+
+
+def evaluate_blimp(
+    source: CheckpointSource, settings: DictConfig, device: torch.device
+) -> BlimpReport:
+    """Score BLiMP with the model of `source`, its twin, the n-gram model of its corpus and the
+    paper's rows, as `settings` (the `suite` node, conf/suite/blimp.yaml) say."""
+    pairs = read_pairs(settings.dir, settings.pairs, settings.phenomena)
+    pretrained = load_pretrained(source)
+    scored: list[tuple[str, Pretrained]] = [(MODEL, pretrained)]
+    if settings.twin:
+        scored.append((TWIN, random_twin(pretrained, settings.twin_seed)))
+    rows, seconds = [], {}
+    method = ""
+    for name, model in scored:
+        started = time.perf_counter()
+        model.model.to(device)
+        scorer = SentenceScorer(model, device, settings.batch_size, settings.pll, progress=True)
+        method = scorer.method
+        print(f"BLiMP: {len(pairs):,} pairs with the {name} ({scorer.method})", file=sys.stderr)
+        rows.append(BlimpScores.of(name, pairs, answers(pairs, scorer)))
+        model.model.cpu()
+        seconds[name] = time.perf_counter() - started
+    skipped = None
+    if settings.ngram_order is not None:
+        if source.contents is None:
+            skipped = "an HF folder records no corpus (give the run's folder or a *.ckpt)"
+        else:
+            started = time.perf_counter()
+            print(
+                f"BLiMP: counting a {settings.ngram_order}-gram model of the run's corpus",
+                file=sys.stderr,
+            )
+            rows.append(ngram_scores(pairs, source, pretrained, settings.ngram_order))
+            seconds[rows[-1].name] = time.perf_counter() - started
+    rows.extend(BlimpScores.paper(settings.dir, list(rows[0].phenomena)))
+    record_settings = OmegaConf.to_container(settings, resolve=True)
+    return BlimpReport(str(source.path), method, rows, record_settings, seconds, skipped)
+
+
+def report_path(source: CheckpointSource, settings: DictConfig, out: str | None) -> Path:
+    """Where the JSON goes (the markdown beside it): `out`, else the run's folder, named by the
+    settings that change the figures (`blimp.json` for the whole set scored the default way)."""
+    if out:
+        return Path(out)
+    parts = ["blimp"]
+    if settings.pairs is not None:
+        parts.append(f"pairs{settings.pairs}")
+    if settings.pll != DEFAULT_PLL:
+        parts.append(settings.pll)
+    if settings.phenomena is not None:
+        parts.append(hashlib.sha256(" ".join(settings.phenomena).encode()).hexdigest()[:8])
+    return run_folder_of(source.path) / ("-".join(parts) + ".json")
+
+
+def read_reports(folder: Path) -> dict[str, dict[str, Any]]:
+    """The `blimp*.json` records in a run folder, by file name (what `make report` draws).
+
+    Raises:
+        ResultsError: a file that is not such a record, naming it.
+    """
+    records = {}
+    for path in sorted(folder.glob("blimp*.json")):
+        try:
+            record = json.loads(path.read_text())
+            rows = record["rows"]
+            if not rows or not all({"name", "overall", "terms"} <= row.keys() for row in rows):
+                raise KeyError("rows")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ResultsError(
+                f"{path} is not a BLiMP record ({type(err).__name__}: {err}); remake it with "
+                f"make evaluate-lm ckpt={folder} suite=blimp, or move it away"
+            ) from err
+        records[path.name] = record
+    return records
+
+
+def write_report(report: BlimpReport, path: Path) -> Path:
+    """The JSON at `path` and the markdown table beside it (`.md`), each written atomically;
+    returns the markdown's path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(report.record(), indent=2) + "\n")
+    markdown = path.with_suffix(".md")
+    title = f"# BLiMP: {report.source}\n\n"
+    write_text_atomic(markdown, title + report.table())
+    return markdown
