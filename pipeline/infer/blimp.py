@@ -32,7 +32,7 @@ PAPER_MODELS = {
     "gpt2": "GPT-2 1.5B (paper)",
 }
 CHANCE = 50.0
-FIX = "set suite.dir=PATH (or BLIMP_DIR) to a folder of BLiMP's <phenomenon>.jsonl(.gz) files"
+FILES = "BLiMP's <phenomenon>.jsonl(.gz) files"
 
 
 @dataclass(frozen=True)
@@ -46,38 +46,44 @@ class Pair:
 
 
 def read_pairs(
-    folder: str | Path, per_phenomenon: int | None = None, phenomena: Sequence[str] | None = None
+    folder: str | Path,
+    per_phenomenon: int | None = None,
+    phenomena: Sequence[str] | None = None,
+    *,
+    settings: str = "suite",
 ) -> list[Pair]:
     """The pairs of every phenomenon in `folder` (or of `phenomena`), in file order, the first
-    `per_phenomenon` of each when given.
+    `per_phenomenon` of each when given. `settings`: the config node the messages name
+    (`suite` of make evaluate-lm, `probe.blimp` of probe=blimp).
 
     Raises:
         ConfigError: no such folder, no phenomenon files in it, an unknown phenomenon, or a
             line that is not a BLiMP pair (naming the file and line).
     """
     folder = Path(folder)
+    fix = f"set {settings}.dir=PATH (or BLIMP_DIR) to a folder of {FILES}"
     if not folder.is_dir():
-        raise ConfigError(f"suite.dir={folder} does not exist; {FIX}")
+        raise ConfigError(f"{settings}.dir={folder} does not exist; {fix}")
     files = {
         path.name.split(".")[0]: path
         for path in sorted(folder.iterdir())
         if path.name.endswith((".jsonl", ".jsonl.gz")) and path.name != PAPER_SUMMARY
     }
     if not files:
-        raise ConfigError(f"suite.dir={folder} holds no <phenomenon>.jsonl(.gz) files; {FIX}")
+        raise ConfigError(f"{settings}.dir={folder} holds no {FILES}; {fix}")
     wanted = list(files) if phenomena is None else list(phenomena)
     unknown = [uid for uid in wanted if uid not in files]
     if unknown:
         raise ConfigError(
-            f"suite.phenomena: {', '.join(unknown)} not in {folder}; the phenomena are "
+            f"{settings}.phenomena: {', '.join(unknown)} not in {folder}; the phenomena are "
             f"{', '.join(sorted(files)[:5])}, ... ({len(files)} in all)"
         )
     if per_phenomenon is not None and per_phenomenon < 1:
-        raise ConfigError(f"suite.pairs={per_phenomenon} must be at least 1 (null: all pairs)")
+        raise ConfigError(f"{settings}.pairs={per_phenomenon} must be at least 1 (null: all pairs)")
     paper_terms = _paper_terms(folder)
     pairs = []
     for uid in wanted:
-        pairs.extend(_read_file(files[uid], uid, per_phenomenon, paper_terms.get(uid)))
+        pairs.extend(_read_file(files[uid], uid, per_phenomenon, paper_terms.get(uid), fix))
     return pairs
 
 
@@ -93,7 +99,7 @@ def _paper_terms(folder: Path) -> dict[str, str]:
     return {row["UID"]: row["linguistics_term"] for row in rows if row["UID"] != "overall"}
 
 
-def _read_file(path: Path, uid: str, limit: int | None, term: str | None) -> list[Pair]:
+def _read_file(path: Path, uid: str, limit: int | None, term: str | None, fix: str) -> list[Pair]:
     opener = gzip.open if path.suffix == ".gz" else open
     pairs = []
     with opener(path, "rt", encoding="utf-8") as lines:
@@ -112,7 +118,7 @@ def _read_file(path: Path, uid: str, limit: int | None, term: str | None) -> lis
                 )
             except (json.JSONDecodeError, KeyError, TypeError) as err:
                 raise ConfigError(
-                    f"{path}:{number} is not a BLiMP pair ({type(err).__name__}: {err}); {FIX}"
+                    f"{path}:{number} is not a BLiMP pair ({type(err).__name__}: {err}); {fix}"
                 ) from err
     return pairs
 

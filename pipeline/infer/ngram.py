@@ -69,11 +69,11 @@ class KneserNey:
                 not fit 63 bits), or no tokens at all.
         """
         base = vocab_size + 1
-        if order < 1 or order * np.log2(base) > MAX_KEY_BITS:
-            longest = int(MAX_KEY_BITS // np.log2(base))
+        longest = cls.longest_order(vocab_size)
+        if not 1 <= order <= longest:
             raise ConfigError(
-                f"ngram order={order} is not possible with a {vocab_size:,}-token vocabulary; "
-                f"choose 1 to {longest}, e.g. ngram.order=3"
+                f"an n-gram order of {order} is not possible with a {vocab_size:,}-token "
+                f"vocabulary; choose 1 to {longest}"
             )
         keys = [
             _keys(_padded(np.asarray(d, dtype=np.int64), order, vocab_size), order, base)
@@ -89,6 +89,11 @@ class KneserNey:
             grams, counts = np.unique(grams % base**k, return_counts=True)
             orders.append(_statistics(grams, counts, base))
         return cls(vocab_size, order, orders[::-1])
+
+    @staticmethod
+    def longest_order(vocab_size: int) -> int:
+        """The highest order whose n-gram keys fit 63 bits with this vocabulary."""
+        return int(MAX_KEY_BITS // np.log2(vocab_size + 1))
 
     def probabilities(self, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """p(tokens[i] | contexts[i]) for every i: contexts (N, order - 1) of ids (the start

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from pipeline.checkpoint.load import Pretrained, inference_autocast
@@ -77,7 +78,7 @@ class SentenceScorer:
         return self._pseudo(sentences)
 
     def _causal(self, sentences: Sequence[str]) -> list[float]:
-        tokenizer = self.pretrained.tokenizer
+        tokenizer = _whole(self.pretrained.tokenizer)
         start = special_ids(tokenizer).document_separator
         encoded = [
             [start, *e.ids]
@@ -102,7 +103,7 @@ class SentenceScorer:
         return scores.tolist()
 
     def _pseudo(self, sentences: Sequence[str]) -> list[float]:
-        tokenizer, model = self.pretrained.tokenizer, self.pretrained.model
+        tokenizer, model = _whole(self.pretrained.tokenizer), self.pretrained.model
         family = family_named(self.pretrained.family)
         if not isinstance(model, family.model_class):  # a head-less HF export
             raise ConfigError(
@@ -171,6 +172,15 @@ def _masked_copies(encodings, mask: int, *, word_l2r: bool) -> Iterator[MaskedCo
             for i in masked:
                 copy[i] = mask
             yield MaskedCopy(index, copy, position, ids[position])
+
+
+def _whole(tokenizer: Tokenizer) -> Tokenizer:
+    """A copy of `tokenizer` that neither pads nor truncates (a tokenizer read from an HF folder
+    may do either), so that every sentence is scored whole and alone."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_padding()
+    copy.no_truncation()
+    return copy
 
 
 def _by_length(sequences: Sequence[Sequence[int]]) -> list[int]:

@@ -28,14 +28,15 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer
 
 from pipeline.checkpoint.load import Pretrained, load_pretrained
 from pipeline.checkpoint.source import CheckpointSource
 from pipeline.infer.blimp import CHANCE, BlimpScores, Pair, answers, read_pairs
 from pipeline.infer.ngram import KneserNey
-from pipeline.infer.sentence_scoring import SentenceScorer
+from pipeline.infer.sentence_scoring import PLL_METHODS, SentenceScorer
 from pipeline.pretrain.documents import run_training_documents
-from pipeline.run.errors import ResultsError
+from pipeline.run.errors import ConfigError, ResultsError
 from pipeline.run.families import family_named
 from pipeline.run.folder import run_folder_of
 from pipeline.suites.seeds import PairedDifference, paired_difference
@@ -151,33 +152,73 @@ def random_twin(pretrained: Pretrained, seed: int) -> Pretrained:
     return Pretrained(pretrained.family, model.eval(), pretrained.tokenizer, pretrained.source)
 
 
-def ngram_scores(
-    pairs: Sequence[Pair], source: CheckpointSource, pretrained: Pretrained, order: int
-) -> BlimpScores:
-    """The pairs scored by a Kneser-Ney model of `order` counted from the run's training
-    documents, tokenized as the model reads them."""
+def counted_ngram(source: CheckpointSource, pretrained: Pretrained, order: int) -> KneserNey:
+    """A Kneser-Ney model of `order` counted from the run's training documents, tokenized as
+    the model reads them."""
     tokenizer = pretrained.tokenizer
     documents = run_training_documents(source.record.config, tokenizer)
-    lm = KneserNey.fit(documents, tokenizer.get_vocab_size(with_added_tokens=True), order)
+    return KneserNey.fit(documents, tokenizer.get_vocab_size(with_added_tokens=True), order)
+
+
+def ngram_scores(pairs: Sequence[Pair], lm: KneserNey, tokenizer: Tokenizer) -> BlimpScores:
+    """The pairs scored by `lm`, each sentence read as the start of a document."""
 
     def score(sentences: list[str]) -> list[float]:
         encoded = tokenizer.encode_batch(sentences, add_special_tokens=False)
         return [lm.logprob(e.ids) for e in encoded]
 
-    return BlimpScores.of(f"{order}-gram of the corpus", pairs, answers(pairs, score))
+    return BlimpScores.of(f"{lm.order}-gram of the corpus", pairs, answers(pairs, score))
+
+
+def check_settings(settings: DictConfig, vocab_size: int) -> None:
+    """The settings that would otherwise fail only after the model was scored.
+
+    Raises:
+        ConfigError: naming the `suite.` key and the values it takes.
+    """
+    if settings.pll not in PLL_METHODS:
+        raise ConfigError(f"suite.pll={settings.pll} is not one of {', '.join(PLL_METHODS)}")
+    for key in ("batch_size", "twin_seed"):
+        value = settings.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < (key == "batch_size"):
+            raise ConfigError(
+                f"suite.{key}={value!r}: use an integer of at least {int(key == 'batch_size')}"
+            )
+    order, longest = settings.ngram_order, KneserNey.longest_order(vocab_size)
+    if order is not None and (not isinstance(order, int) or not 1 <= order <= longest):
+        raise ConfigError(
+            f"suite.ngram_order={order!r}: choose 1 to {longest} for a {vocab_size:,}-token "
+            "vocabulary (3 by default), or null for no n-gram row"
+        )
 
 
 def evaluate_blimp(
     source: CheckpointSource, settings: DictConfig, device: torch.device
 ) -> BlimpReport:
     """Score BLiMP with the model of `source`, its twin, the n-gram model of its corpus and the
-    paper's rows, as `settings` (the `suite` node, conf/suite/blimp.yaml) say."""
+    paper's rows, as `settings` (the `suite` node, conf/suite/blimp.yaml) say. What can fail
+    (the settings, the data, the run's corpus) fails before the model is scored."""
     pairs = read_pairs(settings.dir, settings.pairs, settings.phenomena)
     pretrained = load_pretrained(source)
+    tokenizer = pretrained.tokenizer
+    check_settings(settings, tokenizer.get_vocab_size(with_added_tokens=True))
+    seconds: dict[str, float] = {}
+    lm, skipped = None, None
+    if settings.ngram_order is not None:
+        if source.contents is None:
+            skipped = "an HF folder records no corpus (give the run's folder or a *.ckpt)"
+        else:
+            started = time.perf_counter()
+            print(
+                f"BLiMP: counting a {settings.ngram_order}-gram model of the run's corpus",
+                file=sys.stderr,
+            )
+            lm = counted_ngram(source, pretrained, settings.ngram_order)
+            seconds["counting the n-gram model"] = time.perf_counter() - started
     scored: list[tuple[str, Pretrained]] = [(MODEL, pretrained)]
     if settings.twin:
         scored.append((TWIN, random_twin(pretrained, settings.twin_seed)))
-    rows, seconds = [], {}
+    rows = []
     method = ""
     for name, model in scored:
         started = time.perf_counter()
@@ -188,18 +229,10 @@ def evaluate_blimp(
         rows.append(BlimpScores.of(name, pairs, answers(pairs, scorer)))
         model.model.cpu()
         seconds[name] = time.perf_counter() - started
-    skipped = None
-    if settings.ngram_order is not None:
-        if source.contents is None:
-            skipped = "an HF folder records no corpus (give the run's folder or a *.ckpt)"
-        else:
-            started = time.perf_counter()
-            print(
-                f"BLiMP: counting a {settings.ngram_order}-gram model of the run's corpus",
-                file=sys.stderr,
-            )
-            rows.append(ngram_scores(pairs, source, pretrained, settings.ngram_order))
-            seconds[rows[-1].name] = time.perf_counter() - started
+    if lm is not None:
+        started = time.perf_counter()
+        rows.append(ngram_scores(pairs, lm, tokenizer))
+        seconds[rows[-1].name] = time.perf_counter() - started
     rows.extend(BlimpScores.paper(settings.dir, list(rows[0].phenomena)))
     record_settings = OmegaConf.to_container(settings, resolve=True)
     return BlimpReport(str(source.path), method, rows, record_settings, seconds, skipped)

@@ -8,6 +8,7 @@ import gzip
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from models.bert import BertConfig, BertForPreTraining
@@ -26,7 +28,7 @@ from pipeline.infer.ngram import KneserNey
 from pipeline.infer.sentence_scoring import SentenceScorer
 from pipeline.report import write_report
 from pipeline.run.errors import ConfigError, ResultsError
-from pipeline.suites.blimp import random_twin
+from pipeline.suites.blimp import check_settings, random_twin
 from tests.conftest import CLI_ENV, REPO, run_pretrain
 from tests.pipeline.test_probe import probe_steps
 from tests.pipeline.tiny_models import tiny_model, trained_tokenizer
@@ -207,12 +209,28 @@ def test_kneser_ney_distributions_sum_to_one(order):
 
 
 def test_kneser_ney_refuses_what_it_cannot_count():
-    with pytest.raises(ConfigError, match="ngram order=6 is not possible"):
+    with pytest.raises(ConfigError, match="an n-gram order of 6 is not possible"):
         KneserNey.fit([np.array([1, 2])], vocab_size=30_000, order=6)
     with pytest.raises(ConfigError, match="no tokens"):
         KneserNey.fit([np.array([], dtype=np.int64)], vocab_size=10, order=3)
     with pytest.raises(ConfigError, match="outside the vocabulary"):
         KneserNey.fit([np.array([1, 12])], vocab_size=10, order=3)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"pll": "words"}, "suite.pll=words is not one of word_l2r, token"),
+        ({"ngram_order": 5}, "suite.ngram_order=5: choose 1 to 4 for a 8,192-token vocabulary"),
+        ({"batch_size": 0}, "suite.batch_size=0: use an integer of at least 1"),
+    ],
+)
+def test_settings_that_would_fail_late_fail_first(override, message):
+    settings = OmegaConf.load(REPO / "conf" / "suite" / "blimp.yaml")
+    check_settings(settings, 8192)  # the shipped settings pass
+    settings.merge_with(override)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_settings(settings, 8192)
 
 
 # --- the twin ----------------------------------------------------------------------------------
@@ -277,7 +295,8 @@ def test_probe_blimp_settings_are_checked_before_the_run(tmp_path):
     done = run_pretrain(
         tmp_path, "model=gpt-tiny", "debug=smoke", "probe=blimp", f"probe.blimp.dir={tmp_path}/none"
     )
-    assert done.returncode == 2 and "does not exist" in done.stderr
+    assert done.returncode == 2 and "probe.blimp.dir=" in done.stderr
+    assert "does not exist" in done.stderr
 
 
 # --- the command on a real run -----------------------------------------------------------------
