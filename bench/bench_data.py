@@ -9,7 +9,9 @@ against the mini models' training-step rate.
    encode, write, checksum) and the GPT store (read, encode, EOS, write, checksum), against
    `Tokenizer.encode_batch` on the same documents already in memory, in the same run, with the
    same tokenizer. Runs alternate and the median is reported (shared CPUs are noisy).
-   Target: the store reaches >= 70% of raw `encode_batch` throughput.
+   Target: the store reaches >= 70% of raw `encode_batch` throughput. The same documents in
+   `PARALLEL_FILES` files are then built by 1 process and by 2 (`make prepare prepare.workers=2`,
+   datamodules/store_parallel.py): MB/s of each, and their ratio.
 2. DataLoader: batches/s of the training loader for BERT (NSP pairs, dynamic masking, seq 128,
    batch 32) and GPT (packed windows, seq 256, batch 16) with 0 and 2 workers, after the first
    batch (worker start-up excluded).
@@ -51,8 +53,10 @@ from bench.common import (
 )
 from datamodules.corpus import EmbeddedCorpus, TextFilesCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
-from datamodules.pretrain import PretrainDataModule, store_settings
+from datamodules.pretrain import PretrainDataModule
+from datamodules.run_stores import store_settings
 from datamodules.store_build import build_store
+from datamodules.store_parallel import build_in_parallel
 from tokenizer import batched, train_tokenizer
 
 CORPORA = {
@@ -71,6 +75,7 @@ SIZES = {
         "gpt": ("bpe", CausalLMObjective(seq_len=32, batch_size=4)),
     },
 }
+PARALLEL_FILES = 8  # files the documents are written to for the parallel build
 # Targets of issue 8: store MB/s / encode_batch MB/s, loader batches/s / mini-model steps/s.
 STORE_TARGET, LOADER_TARGET = 0.70, 20.0
 
@@ -102,6 +107,20 @@ def bench_store(corpus, docs: list[str], tokenizer, objective, reps: int) -> dic
             start = time.perf_counter()
             stats = build_store(corpus, tokenizer, settings, Path(tmp) / "store", fingerprint)
             rates["store"].append(megabytes / (time.perf_counter() - start))
+    with tempfile.TemporaryDirectory() as tmp:
+        files = as_files(docs, Path(tmp), PARALLEL_FILES)
+        rates |= {"files_1_process": [], "files_2_processes": []}
+        for rep in range(reps):
+            for workers in (1, 2):
+                name = "files_1_process" if workers == 1 else "files_2_processes"
+                start = time.perf_counter()
+                if workers == 1:
+                    target = Path(tmp) / f"one{rep}"
+                    build_store(files, tokenizer, settings, target, files.fingerprint())
+                else:
+                    cache = Path(tmp) / f"cache{rep}"
+                    build_in_parallel(files, tokenizer, settings, cache, workers=workers)
+                rates[name].append(megabytes / (time.perf_counter() - start))
     median = {name: statistics.median(values) for name, values in rates.items()}
     return {
         "text_mb": megabytes,
@@ -111,7 +130,17 @@ def bench_store(corpus, docs: list[str], tokenizer, objective, reps: int) -> dic
         "runs_mb_per_s": rates,
         "store_vs_encode_batch": median["store"] / median["encode_batch"],
         "store_vs_encode_batch_fast": median["store"] / median["encode_batch_fast"],
+        "two_processes_vs_one": median["files_2_processes"] / median["files_1_process"],
     }
+
+
+def as_files(docs: list[str], folder: Path, count: int) -> TextFilesCorpus:
+    """The documents written to `count` text files (a blank line between documents, their
+    paragraphs on single lines), read back as one corpus of the same documents."""
+    for i in range(count):
+        share = docs[i * len(docs) // count : (i + 1) * len(docs) // count]
+        (folder / f"docs{i:02d}.txt").write_text("\n\n".join(share) + "\n")
+    return TextFilesCorpus(str(folder / "docs*.txt"), doc_split="blank_line")
 
 
 def bench_loader(dm: PretrainDataModule, workers: int, batches: int) -> dict:
@@ -281,6 +310,8 @@ def table(report: dict) -> str:
                 f"{rates['encode_batch_fast']:.2f}",
                 f"{rates['store']:.2f}",
                 f"{store['store_vs_encode_batch']:.0%}",
+                f"{rates['files_1_process']:.2f} / {rates['files_2_processes']:.2f} "
+                f"({store['two_processes_vs_one']:.2f}x)",
                 " / ".join(number(r["batches_per_s"]) for r in row["loader"]),
                 f"{row['mini_model']['steps_per_s']:.2f}",
                 f"{row['loader_vs_model_steps']:,.0f}x",
@@ -293,6 +324,7 @@ def table(report: dict) -> str:
         "encode_batch_fast MB/s",
         "store MB/s",
         "store / encode_batch",
+        f"store MB/s, {PARALLEL_FILES} files: 1 / 2 processes",
         "loader batches/s (0 / 2 workers)",
         "model step/s",
         "loader / step",

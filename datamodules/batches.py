@@ -35,7 +35,7 @@ from datamodules.masking import MLMMasker
 from datamodules.nsp import LABEL, NO_PAIR, InstanceBuilder
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.packing import PackedStream, document_ids
-from datamodules.sharding import ShardPlan
+from datamodules.sharding import ShardPlan, TooFewDocuments
 from datamodules.store import TokenStore
 from tokenizer import SpecialIds
 
@@ -124,6 +124,39 @@ class EpochBatches(Dataset):
     def loss_counts(self, batch: dict[str, np.ndarray]) -> dict[str, int]:
         """How many predictions each loss term of the objective averages over in `batch`."""
         raise NotImplementedError
+
+    def item_tokens(self) -> float:
+        """Tokens per item (GPT: the window; BERT: the mean of epoch 0's instances)."""
+        raise NotImplementedError
+
+
+def merge_batches(parts: list[dict[str, np.ndarray]], pad_id: int) -> dict[str, np.ndarray]:
+    """One batch of the rows of `parts` (batches of one layout), in order: (B, T) arrays padded
+    to the widest (`input_ids` with `pad_id`, the rest with 0), flat `masked_positions`
+    re-indexed to the merged width, per-row and per-prediction arrays concatenated, 0-d totals
+    summed."""
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p["input_ids"].shape[1] for p in parts)
+    merged: dict[str, np.ndarray] = {}
+    for name in parts[0]:
+        arrays = [p[name] for p in parts]
+        if name == "masked_positions":
+            rows = np.cumsum([0] + [p["input_ids"].shape[0] for p in parts])
+            arrays = [
+                (first + pos // p["input_ids"].shape[1]) * width + pos % p["input_ids"].shape[1]
+                for first, pos, p in zip(rows, arrays, parts, strict=False)
+            ]
+        elif arrays[0].ndim == 2:
+            fill = pad_id if name == "input_ids" else 0
+            arrays = [
+                np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill) for a in arrays
+            ]
+        elif arrays[0].ndim == 0:
+            merged[name] = np.sum(arrays, dtype=arrays[0].dtype)
+            continue
+        merged[name] = np.concatenate(arrays)
+    return merged
 
 
 STEP_TOTAL = "step_total_"  # key prefix of a step's totals in its micro-batches
@@ -230,11 +263,18 @@ class BertBatches(EpochBatches):
         self.set_num_items(len(self.instances(0)))
 
     def instances(self, epoch: int) -> np.ndarray:
-        """(M, 6) the epoch's NSP instances (see `datamodules.nsp.FIELDS`), cached per epoch."""
+        """(M, 6) the epoch's NSP instances (see `datamodules.nsp.FIELDS`), cached for this and
+        the previous epoch (a mixture's batch may straddle a source's epochs)."""
         if epoch not in self._instances:
             seed = self.rng(epoch, _INSTANCES).integers(1 << 63)
-            self._instances = {epoch: self.builder.build(int(seed))}
+            self._instances = {e: t for e, t in self._instances.items() if e == epoch - 1}
+            self._instances[epoch] = self.builder.build(int(seed))
         return self._instances[epoch]
+
+    def item_tokens(self) -> float:
+        table = self.instances(0)
+        a_len, b_len = table[:, 1] - table[:, 0], table[:, 4] - table[:, 3]
+        return float(np.mean(2 + a_len + np.where(table[:, LABEL] != NO_PAIR, b_len + 1, 0)))
 
     def _make_order(self, epoch: int) -> np.ndarray:
         order = self._arrange(epoch, len(self.instances(epoch)))
@@ -381,3 +421,57 @@ class GPTBatches(EpochBatches):
 
     def loss_counts(self, batch: dict[str, np.ndarray]) -> dict[str, int]:
         return {LossCount.TARGETS: int(batch["targets"].size)}
+
+    def item_tokens(self) -> float:
+        return float(self.objective.seq_len)
+
+
+def too_few_documents(
+    err: TooFewDocuments,
+    tokens: int,
+    val_tokens: int,
+    corpus: str,
+    *,
+    pairs: bool,
+    causal: bool,
+    val_fraction: float,
+    seq_len: int,
+) -> str:
+    """Why a corpus (`corpus`: its description) of `err.documents` documents (`tokens` in all) is
+    too few for the run (`val_tokens`: the validation window; `pairs`: BERT's next-sentence
+    pairs; `causal`: GPT windows of `seq_len`), and the data or settings (full Hydra keys) that
+    make it work."""
+    docs = err.documents
+    have = f"the corpus ({corpus}) has {docs} document{'s' * (docs != 1)} ({tokens:,} tokens)"
+    held_out = f"datamodule.val_fraction={val_fraction} holds out whole documents"
+    if pairs:
+        # half of NSP's pairs take their second sentence from another document of the split
+        need = (
+            "BERT's next-sentence prediction needs at least 2 documents per split (half of "
+            "its pairs take the second sentence from another document)"
+        )
+        if val_fraction > 0:
+            need += f": 2 for training and 2 for validation ({held_out})"
+        if docs >= err.min_train:
+            fix = "train without validation: datamodule.val_fraction=0"
+        else:  # the masked LM alone trains on one document (and validates on another)
+            fix = "train the masked LM alone: objective.next_sentence_prediction=false" + (
+                " datamodule.val_fraction=0" if val_fraction > 0 else ""
+            )
+        least = err.min_train + (2 if val_fraction > 0 else 0)
+        return f"{have}: {need}. Add documents ({least} or more in all), or {fix}"
+    window = seq_len + 1
+    if causal and tokens < window:
+        # one window of all the text, and no validation, is what such a corpus allows
+        without = " datamodule.val_fraction=0" if val_fraction > 0 else ""
+        return (
+            f"{have}: too little text for one training window of objective.seq_len + 1 = "
+            f"{window} tokens. Add text, or train on one shorter window"
+            f"{' without validation' if without else ''}: objective.seq_len={tokens - 1}"
+            f"{without}"
+        )
+    return (
+        f"{have}: validation needs at least 1 document and {val_tokens:,} tokens ({held_out})"
+        f", here {err.held_out}, which leaves none for training. Add documents, or train "
+        "without validation: datamodule.val_fraction=0"
+    )

@@ -23,11 +23,13 @@ loader (`reload_dataloaders_every_n_epochs=1`), which belongs to the phase that 
 optimizer step count is in. Validation batches are the first phase's throughout, so that the
 validation curve stays comparable across a switch.
 
-`prepare_stores` builds the stores ahead of training and returns their stats (`make prepare`).
+Which stores a run reads, and building them ahead of training (`make prepare`), are in
+`datamodules.run_stores`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator
@@ -49,80 +51,23 @@ from datamodules.batches import (
     StepBatches,
     require_pairs,
     require_window,
+    too_few_documents,
 )
+from datamodules.corpus import CorpusError
 from datamodules.loaders import BatchLoader, PositionLoader, _keep
 from datamodules.masking import MLMMasker, continuation_table
+from datamodules.mixture import InterleavedBatches, MixtureBatches, MixtureCorpus, mixture_changed
 from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective, Phase, phase_plan
+from datamodules.run_stores import check_ranks_agree, corpora_of, prepare_stores, store_settings
 from datamodules.sharding import EpochSampler, TooFewDocuments, split_documents
-from datamodules.store import StoreSettings, TokenStore
-from datamodules.store_build import StoreStats, open_or_build_store, store_path
-from tokenizer import SpecialIds, special_ids, tokenizer_kind
+from datamodules.store import StoreStats, TokenStore
+from datamodules.store_build import open_or_build_store, store_path
+from tokenizer import SpecialIds, special_ids
 from tokenizer.token_bytes import token_byte_counts
 
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-
-
-def store_settings(objective: Objective, tokenizer: Tokenizer) -> StoreSettings:
-    """What the objective needs in a store: sentences for NSP, EOS separators for packing."""
-    special = special_ids(tokenizer)
-    if isinstance(objective, MaskedLMObjective):
-        if (kind := tokenizer_kind(tokenizer)) != "wordpiece":
-            raise ValueError(
-                f"the masked-LM objective needs a wordpiece tokenizer ([CLS], [SEP], [MASK]), "
-                f"got a {kind} tokenizer; use tokenizer=wordpiece"
-            )
-        return StoreSettings(sentences=True)
-    if isinstance(objective, CausalLMObjective):
-        return StoreSettings(sentences=False, eos_id=special.document_separator)
-    raise TypeError(f"unknown objective {type(objective).__name__}")
-
-
-def prepare_stores(
-    corpus,
-    tokenizer: Tokenizer,
-    objective: Objective,
-    cache_dir: str | os.PathLike,
-    *,
-    val_corpus=None,
-    chunk_mb: float = 4.0,
-) -> list[StoreStats]:
-    """Build (or reuse) the token stores of a run ahead of training.
-
-    Args:
-        corpus: the training corpus (`datamodules.corpus`).
-        tokenizer: the run's tokenizer.
-        objective: the run's objective (decides the store layout).
-        cache_dir: root of the caches (stores go to `<cache_dir>/token_stores/`).
-        val_corpus: a separate validation corpus, if any.
-        chunk_mb: text per encoding chunk (bounds memory).
-
-    Returns:
-        Stats of each store (training first): documents, tokens, MB/s, path, built or reused.
-    """
-    settings = store_settings(objective, tokenizer)
-    corpora = [corpus] if val_corpus is None else [corpus, val_corpus]
-    return [
-        open_or_build_store(c, tokenizer, settings, cache_dir, chunk_mb=chunk_mb)[1]
-        for c in corpora
-    ]
-
-
-def _check_ranks_agree(path: Path) -> None:
-    """In a distributed run, fail fast (instead of waiting hours for a store nobody builds)
-    when the ranks' corpus or tokenizer differ, so that they would read different stores."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return
-    paths: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(paths, str(path))
-    if len(set(paths)) > 1:
-        raise RuntimeError(
-            f"the ranks would read different token stores ({sorted(set(paths))}): their corpus "
-            "or tokenizer differ. Give every rank the same tokenizer: train it once (on rank 0, "
-            "or with `make tokenizer`) and load it from the cache; WordPiece training is not "
-            "reproducible across processes"
-        )
 
 
 class PretrainDataModule(L.LightningDataModule):
@@ -179,6 +124,8 @@ class PretrainDataModule(L.LightningDataModule):
                 "datamodule.val_fraction=0 for no validation"
             )
         self.corpus = corpus
+        self.mixture = corpus if isinstance(corpus, MixtureCorpus) else None
+        self.source_names: list[str] = self.mixture.names if self.mixture else []
         self.tokenizer = tokenizer
         self.objective = objective
         self.cache_dir = cache_dir
@@ -188,6 +135,12 @@ class PretrainDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.micro_batches = micro_batches
         self.phases: list[Phase] = phase_plan(objective, max_steps)
+        if self.mixture is not None and (val_corpus is not None or len(self.phases) > 1):
+            raise DataSetupError(
+                "data=mixture holds out each source's own validation documents and samples one "
+                "batch layout: it takes neither a separate validation corpus nor objective.phases"
+                " (not supported yet); drop objective.phases, or train on one corpus"
+            )
         self.phase = 0  # the phase of the current (or next) training epoch
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers and num_workers > 0
@@ -201,6 +154,8 @@ class PretrainDataModule(L.LightningDataModule):
         self._stores: dict[Path, TokenStore] = {}  # opened stores, by path
         self.store: TokenStore | None = None
         self.train_documents = self.val_documents = np.empty(0, dtype=np.int64)
+        # per source (one for a single corpus): (store, training documents)
+        self.source_splits: list[tuple[TokenStore, np.ndarray]] = []
         self.train_sets: list[EpochBatches] = []  # one per phase
         self.val_set: EpochBatches | None = None
         self._steps: list[StepBatches] = []
@@ -240,23 +195,32 @@ class PretrainDataModule(L.LightningDataModule):
         if self.train_sets:
             return
         rank, world_size, builder = self._ranks()
-        train_store = self._open(self.corpus, builder)
         shard = {"rank": rank, "world_size": world_size, "seed": self.seed}
-        if self.val_corpus is not None:
-            val_store = self._open(self.val_corpus, builder)
-            train_docs = np.arange(train_store.num_documents)
-            val_docs = np.arange(val_store.num_documents)
-        else:
-            val_store = train_store
-            train_docs, val_docs = self._split(train_store, world_size)
-        self.store, self.train_documents, self.val_documents = train_store, train_docs, val_docs
+        splits = []  # per source: (store, training documents, validation store, documents)
+        for corpus in corpora_of(self.corpus):
+            train_store = self._open(corpus, builder)
+            if self.val_corpus is not None:
+                val_store = self._open(self.val_corpus, builder)
+                train_docs = np.arange(train_store.num_documents)
+                val_docs = np.arange(val_store.num_documents)
+            else:
+                val_store = train_store
+                train_docs, val_docs = self._split(train_store, world_size, corpus)
+            splits.append((train_store, train_docs, val_store, val_docs))
+        self.store, self.train_documents, _, self.val_documents = splits[0]
+        self.source_splits = [(store, docs) for store, docs, _, _ in splits]
         first = self.phases[0].objective
-        if len(val_docs):
-            val = {"split": VAL, "shuffle": False, **shard}
-            self.val_set = self._batches(val_store, val_docs, first, **val)
+        val = {"split": VAL, "shuffle": False, **shard}
+        val_sets = [self._batches(st, docs, first, **val) for _, _, st, docs in splits if len(docs)]
+        if val_sets:
+            self.val_set = val_sets[0] if self.mixture is None else InterleavedBatches(val_sets)
         for phase in self.phases:
             train = {"split": TRAIN, "shuffle": True, **shard}
-            self.train_sets.append(self._batches(train_store, train_docs, phase.objective, **train))
+            if self.mixture is None:
+                batches = self._batches(self.store, self.train_documents, phase.objective, **train)
+            else:
+                batches = self._mixture_batches(phase.objective, train)
+            self.train_sets.append(batches)
             self._steps.append(StepBatches(self.train_sets[-1], self.micro_batches))
             self._samplers.append(EpochSampler(len(self._steps[-1])))
             log.info(
@@ -264,8 +228,8 @@ class PretrainDataModule(L.LightningDataModule):
                 "(%d optimizer steps) per epoch%s",
                 rank,
                 world_size,
-                len(train_docs),
-                len(val_docs),
+                sum(len(docs) for _, docs in self.source_splits),
+                sum(len(docs) for _, _, _, docs in splits),
                 len(self.train_sets[-1]),
                 len(self._steps[-1]),
                 f" in phase {phase.index} (from step {phase.first_step}, sequences of "
@@ -304,6 +268,7 @@ class PretrainDataModule(L.LightningDataModule):
             "world_size": self.train_set.world_size if self.train_set else None,
             "batches_per_epoch": len(self.train_set) if self.train_set else None,
             "micro_batches": self.micro_batches,
+            **({"mixture": self.mixture.spec()} if self.mixture else {}),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -332,27 +297,72 @@ class PretrainDataModule(L.LightningDataModule):
         """
         if self.val_corpus is not None:
             return
-        store = self._open(self.corpus, may_build=True)
-        train_docs, _ = self._split(store, world_size)
-        if self._pairs:
-            require_pairs(TRAIN, np.diff(store.doc_sentences)[train_docs])
-        if isinstance(self.objective, CausalLMObjective):
-            tokens = int(np.diff(store.doc_offsets)[train_docs].sum())
-            for phase in self.phases:
-                require_window(TRAIN, tokens, phase.objective.seq_len)
+        for corpus in corpora_of(self.corpus):
+            store = self._open(corpus, may_build=True)
+            train_docs, _ = self._split(store, world_size, corpus)
+            with self._naming(corpus):
+                if self._pairs:
+                    require_pairs(TRAIN, np.diff(store.doc_sentences)[train_docs])
+                if isinstance(self.objective, CausalLMObjective):
+                    tokens = int(np.diff(store.doc_offsets)[train_docs].sum())
+                    for phase in self.phases:
+                        require_window(TRAIN, tokens, phase.objective.seq_len)
 
     def training_documents(self, world_size: int = 1) -> Iterator[np.ndarray]:
         """The token ids of every training document, in store order, the validation documents
         held out as `setup` holds them out for `world_size` processes (the store is built if
-        it is not in the cache). What counting models of the run's corpus count."""
-        store = self._open(self.corpus, may_build=True)
-        if self.val_corpus is not None:
-            documents = np.arange(store.num_documents)
-        else:
-            documents, _ = self._split(store, world_size)
-        return (store.document(int(i)) for i in documents)
+        it is not in the cache). What counting models of the run's corpus count (a mixture's
+        sources one after another, each once, whatever its weight)."""
+        for corpus in corpora_of(self.corpus):
+            store = self._open(corpus, may_build=True)
+            if self.val_corpus is not None:
+                documents = np.arange(store.num_documents)
+            else:
+                documents, _ = self._split(store, world_size, corpus)
+            yield from (store.document(int(i)) for i in documents)
 
-    def _split(self, store: TokenStore, world_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def train_document_tokens(self) -> Iterator[np.ndarray]:
+        """The token ids of this run's training documents, after `setup` (every source's)."""
+        for store, documents in self.source_splits:
+            yield from (store.document(int(i)) for i in documents)
+
+    def source_progress(self) -> dict[str, dict[str, float]]:
+        """Per source of a mixture, what training has read so far (`MixtureBatches.progress`);
+        empty for a single corpus."""
+        batches = self.train_set
+        if not isinstance(batches, MixtureBatches):
+            return {}
+        epoch, steps = self._position()
+        return batches.progress(self.source_names, epoch, steps * self.micro_batches)
+
+    @contextlib.contextmanager
+    def _naming(self, corpus) -> Iterator[None]:
+        """Errors about one source of a mixture name the source (`data.sources.<name>`)."""
+        if self.mixture is None:
+            yield
+            return
+        name = next(n for n, c in self.mixture.sources.items() if c is corpus)
+        try:
+            yield
+        except (CorpusError, DataSetupError) as err:
+            raise type(err)(f"data.sources.{name}: {err}") from None
+
+    def _mixture_batches(self, objective: Objective, shard: dict[str, Any]) -> MixtureBatches:
+        """A mixture's training batches of `objective`: every source's items, unsharded."""
+        whole = shard | {"rank": 0, "world_size": 1}
+        sources = [self._batches(st, docs, objective, **whole) for st, docs in self.source_splits]
+        per_epoch = self.mixture.items_per_epoch([s.plan.num_items for s in sources])
+        for name, count, source in zip(self.source_names, per_epoch, sources, strict=True):
+            log.info(
+                "source %s: %d of its %d sequences per mixture epoch (%.3g epochs of it)",
+                name,
+                count,
+                source.plan.num_items,
+                count / source.plan.num_items,
+            )
+        return MixtureBatches(sources, per_epoch, self.special.pad, objective.batch_size, **shard)
+
+    def _split(self, store: TokenStore, world_size: int, corpus) -> tuple[np.ndarray, np.ndarray]:
         """(training, validation) documents of `store`, when there is no validation corpus."""
         need = 2 if self._pairs else 1
         window = 0 if self._pairs else world_size * self.phases[0].objective.seq_len + 1
@@ -368,49 +378,18 @@ class PretrainDataModule(L.LightningDataModule):
             )
         except TooFewDocuments as err:
             total = int(lengths.sum())
-            raise DataSetupError(self._too_few_documents(err, total, window)) from None
-
-    def _too_few_documents(self, err: TooFewDocuments, tokens: int, val_tokens: int) -> str:
-        """Why a corpus of `err.documents` documents (`tokens` in all) is too few for the run
-        (`val_tokens`: the validation window), and the data or settings (full Hydra keys) that
-        make it work."""
-        docs = err.documents
-        have = (
-            f"the corpus ({self.corpus.describe()}) has {docs} document{'s' * (docs != 1)} "
-            f"({tokens:,} tokens)"
-        )
-        held_out = f"datamodule.val_fraction={self.val_fraction} holds out whole documents"
-        if self._pairs:
-            # half of NSP's pairs take their second sentence from another document of the split
-            need = (
-                "BERT's next-sentence prediction needs at least 2 documents per split (half of "
-                "its pairs take the second sentence from another document)"
+            message = too_few_documents(
+                err,
+                total,
+                window,
+                corpus.describe(),
+                pairs=self._pairs,
+                causal=isinstance(self.objective, CausalLMObjective),
+                val_fraction=self.val_fraction,
+                seq_len=self.phases[0].objective.seq_len,
             )
-            if self.val_fraction > 0:
-                need += f": 2 for training and 2 for validation ({held_out})"
-            if docs >= err.min_train:
-                fix = "train without validation: datamodule.val_fraction=0"
-            else:  # the masked LM alone trains on one document (and validates on another)
-                fix = "train the masked LM alone: objective.next_sentence_prediction=false" + (
-                    " datamodule.val_fraction=0" if self.val_fraction > 0 else ""
-                )
-            least = err.min_train + (2 if self.val_fraction > 0 else 0)
-            return f"{have}: {need}. Add documents ({least} or more in all), or {fix}"
-        window = self.phases[0].objective.seq_len + 1
-        if isinstance(self.objective, CausalLMObjective) and tokens < window:
-            # one window of all the text, and no validation, is what such a corpus allows
-            without = " datamodule.val_fraction=0" if self.val_fraction > 0 else ""
-            return (
-                f"{have}: too little text for one training window of objective.seq_len + 1 = "
-                f"{window} tokens. Add text, or train on one shorter window"
-                f"{' without validation' if without else ''}: objective.seq_len={tokens - 1}"
-                f"{without}"
-            )
-        return (
-            f"{have}: validation needs at least 1 document and {val_tokens:,} tokens ({held_out})"
-            f", here {err.held_out}, which leaves none for training. Add documents, or train "
-            "without validation: datamodule.val_fraction=0"
-        )
+            with self._naming(corpus):
+                raise DataSetupError(message) from None
 
     def _ranks(self) -> tuple[int, int, bool]:
         """(rank, world size, whether this process may build stores)."""
@@ -426,9 +405,13 @@ class PretrainDataModule(L.LightningDataModule):
         return 0, 1, True
 
     def _open(self, corpus, may_build: bool) -> TokenStore:
+        with self._naming(corpus):
+            return self._open_store(corpus, may_build)
+
+    def _open_store(self, corpus, may_build: bool) -> TokenStore:
         fingerprint = corpus.fingerprint()
         path = store_path(fingerprint, self.tokenizer, self.settings, self.cache_dir)
-        _check_ranks_agree(path)
+        check_ranks_agree(path)
         if path in self._stores:  # opened by `check_documents`: verified once is enough
             return self._stores[path]
         store, stats = open_or_build_store(
@@ -517,6 +500,9 @@ class PretrainDataModule(L.LightningDataModule):
                 f"this run has {len(self.phases)} phase(s). Resume with the same objective.phases"
             )
         self.phase = phase
+        mine = self.mixture.spec() if self.mixture else None
+        if state.get("mixture") != mine:
+            raise DataSetupError(mixture_changed(state.get("mixture"), mine))
         expected = {
             "seed": self.seed,
             "world_size": self.train_set.world_size,

@@ -66,6 +66,63 @@ class StoreSettings:
     eos_id: int | None = None
 
 
+@dataclass
+class StoreStats:
+    """What a store holds and how fast it was built (what `make prepare` prints).
+
+    Attributes:
+        path: the store directory.
+        documents: documents kept.
+        sentences: sentences kept (0 for GPT stores).
+        tokens: tokens stored (GPT stores include one end-of-text per document).
+        skipped_documents: documents that produced no token.
+        text_bytes: UTF-8 bytes of text read.
+        seconds: build time (of the original build when the store was reused).
+        built: True if built by this call, False if an existing store was reused.
+    """
+
+    path: Path
+    documents: int
+    sentences: int
+    tokens: int
+    skipped_documents: int
+    text_bytes: int
+    seconds: float
+    built: bool
+
+    @property
+    def mb_per_s(self) -> float:
+        """Raw text throughput of the build, in MB (10^6 bytes) per second."""
+        return self.text_bytes / 1e6 / max(self.seconds, 1e-9)
+
+    def summary(self) -> str:
+        how = "built" if self.built else "reused"
+        return (
+            f"{how} token store {self.path}: {self.documents:,} documents, "
+            f"{self.tokens:,} tokens, {self.text_bytes / 1e6:.1f} MB of text at "
+            f"{self.mb_per_s:.2f} MB/s"
+            + (
+                f", {self.skipped_documents} empty documents skipped"
+                if self.skipped_documents
+                else ""
+            )
+        )
+
+    @classmethod
+    def from_manifest(cls, path: Path, manifest: dict[str, Any], built: bool) -> StoreStats:
+        counts = manifest["counts"]
+        return cls(
+            path=path,
+            documents=counts["documents"],
+            sentences=counts["sentences"],
+            tokens=counts["tokens"],
+            skipped_documents=counts["skipped_documents"],
+            text_bytes=counts["text_bytes"],
+            seconds=manifest["build"]["seconds"],
+            built=built,
+        )
+
+
 def tokenizer_hash(tokenizer: Tokenizer) -> str:
     """A short hash of the tokenizer's full definition (vocabulary, merges, normalizer, ...)."""
     return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()[:16]
@@ -149,6 +206,8 @@ class TokenStore:
             self.doc_sentences = self._memmap(DOC_SENTENCES, OFFSET_DTYPE, counts["documents"] + 1)
 
     def _memmap(self, name: str, dtype: np.dtype, count: int) -> np.ndarray:
+        if count == 0:  # an empty file cannot be mapped (a part of a parallel build may be empty)
+            return np.empty(0, dtype)
         return np.memmap(self.path / name, dtype=dtype, mode="r", shape=(count,))
 
     def __getstate__(self) -> dict[str, Any]:

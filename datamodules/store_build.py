@@ -61,6 +61,7 @@ from datamodules.store import (
     TOKENS,
     StoreInvalidError,
     StoreSettings,
+    StoreStats,
     TokenStore,
     store_dir,
     store_key,
@@ -92,63 +93,6 @@ _SPLIT_ALIKE_PRE_TOKENIZERS = frozenset(
     ]
 )
 _PROGRESS_EVERY = 100_000_000  # bytes of text between progress lines
-
-
-@dataclass
-class StoreStats:
-    """What a store holds and how fast it was built (what `make prepare` prints).
-
-    Attributes:
-        path: the store directory.
-        documents: documents kept.
-        sentences: sentences kept (0 for GPT stores).
-        tokens: tokens stored (GPT stores include one end-of-text per document).
-        skipped_documents: documents that produced no token.
-        text_bytes: UTF-8 bytes of text read.
-        seconds: build time (of the original build when the store was reused).
-        built: True if built by this call, False if an existing store was reused.
-    """
-
-    path: Path
-    documents: int
-    sentences: int
-    tokens: int
-    skipped_documents: int
-    text_bytes: int
-    seconds: float
-    built: bool
-
-    @property
-    def mb_per_s(self) -> float:
-        """Raw text throughput of the build, in MB (10^6 bytes) per second."""
-        return self.text_bytes / 1e6 / max(self.seconds, 1e-9)
-
-    def summary(self) -> str:
-        how = "built" if self.built else "reused"
-        return (
-            f"{how} token store {self.path}: {self.documents:,} documents, "
-            f"{self.tokens:,} tokens, {self.text_bytes / 1e6:.1f} MB of text at "
-            f"{self.mb_per_s:.2f} MB/s"
-            + (
-                f", {self.skipped_documents} empty documents skipped"
-                if self.skipped_documents
-                else ""
-            )
-        )
-
-    @classmethod
-    def from_manifest(cls, path: Path, manifest: dict[str, Any], built: bool) -> StoreStats:
-        counts = manifest["counts"]
-        return cls(
-            path=path,
-            documents=counts["documents"],
-            sentences=counts["sentences"],
-            tokens=counts["tokens"],
-            skipped_documents=counts["skipped_documents"],
-            text_bytes=counts["text_bytes"],
-            seconds=manifest["build"]["seconds"],
-            built=built,
-        )
 
 
 @dataclass
@@ -213,12 +157,12 @@ def open_or_build_store(
     fingerprint = fingerprint or corpus.fingerprint()
     path = store_path(fingerprint, tokenizer, settings, cache_dir)
     if not may_build:
-        store = _wait_for_store(path, wait_timeout_s, poll_s)
+        store = wait_for_store(path, wait_timeout_s, poll_s)
         return store, StoreStats.from_manifest(path, store.manifest, built=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     # The lock keeps two independent runs from building the same store at once (each would be
     # correct, as every file is written atomically, but the work would be done twice).
-    with _exclusive_lock(path.parent / f"{path.name}.lock"):
+    with exclusive_lock(path.parent / f"{path.name}.lock"):
         try:
             store = TokenStore.open(path)
             log.info("reusing token store %s", path)
@@ -245,11 +189,13 @@ def build_store(
     corpus_fingerprint: str,
     *,
     chunk_mb: float = 4.0,
+    allow_empty: bool = False,
 ) -> StoreStats:
     """Tokenize `corpus` into a new store at `path` (replacing whatever is there).
 
     Raises:
-        CorpusError: the corpus yields no document with any token.
+        CorpusError: the corpus yields no document with any token (unless `allow_empty`: a
+            part of a store built in parallel may hold only empty documents).
     """
     start = time.perf_counter()
     path.mkdir(parents=True, exist_ok=True)
@@ -262,7 +208,7 @@ def build_store(
     names = [TOKENS, DOCUMENTS] + ([SENTENCES, DOC_SENTENCES] if settings.sentences else [])
     totals = {"documents": 0, "sentences": 0, "tokens": 0, "skipped_documents": 0, "text_bytes": 0}
     with ExitStack() as stack:
-        writer = _Writer(path, names, stack)
+        writer = StoreWriter(path, names, stack)
         for name in names[1:]:
             writer.write(name, np.zeros(1, OFFSET_DTYPE))
         chunks = _chunks(corpus.documents(), settings.sentences, join, int(chunk_mb * 1e6))
@@ -273,7 +219,7 @@ def build_store(
                 next_report += _PROGRESS_EVERY
                 rate = totals["text_bytes"] / 1e6 / (time.perf_counter() - start)
                 log.info("tokenized %.0f MB (%.1f MB/s)", totals["text_bytes"] / 1e6, rate)
-        if totals["documents"] == 0:
+        if totals["documents"] == 0 and not allow_empty:
             raise CorpusError(
                 f"{corpus.describe()} yielded no text to tokenize ({totals['skipped_documents']} "
                 "empty documents); check data.paths and that the files hold text"
@@ -281,6 +227,24 @@ def build_store(
     if totals["skipped_documents"]:
         log.warning("%d documents produced no token and were skipped", totals["skipped_documents"])
     seconds = time.perf_counter() - start
+    return write_manifest(
+        path, corpus, corpus_fingerprint, tokenizer, settings, totals, seconds, writer.summary()
+    )
+
+
+def write_manifest(
+    path: Path,
+    corpus,
+    corpus_fingerprint: str,
+    tokenizer: Tokenizer,
+    settings: StoreSettings,
+    totals: dict[str, int],
+    seconds: float,
+    files: dict[str, dict[str, Any]],
+) -> StoreStats:
+    """Write the manifest of the store at `path` (last, atomically: the store is valid from
+    here) and return its stats."""
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     manifest = {
         "format": STORE_FORMAT,
         "corpus": corpus.describe(),
@@ -288,13 +252,13 @@ def build_store(
         "tokenizer_hash": tokenizer_hash(tokenizer),
         "vocab_size": vocab_size,
         "settings": asdict(settings),
-        "dtype": dtype.name,
+        "dtype": token_dtype(vocab_size).name,
         "counts": totals,
         "build": {
             "seconds": seconds,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         },
-        "files": writer.summary(),
+        "files": files,
     }
     with atomic_path(path / MANIFEST) as tmp:
         tmp.write_text(json.dumps(manifest, indent=1))
@@ -472,7 +436,7 @@ def _group_sentences(
     )
 
 
-def _append(writer: _Writer, encoded: _Encoded, totals: dict[str, int]) -> None:
+def _append(writer: StoreWriter, encoded: _Encoded, totals: dict[str, int]) -> None:
     writer.write(TOKENS, encoded.ids)
     writer.write(DOCUMENTS, totals["tokens"] + np.cumsum(encoded.doc_lengths))
     if encoded.sentence_lengths is not None:
@@ -485,7 +449,7 @@ def _append(writer: _Writer, encoded: _Encoded, totals: dict[str, int]) -> None:
     totals["text_bytes"] += encoded.text_bytes
 
 
-class _Writer:
+class StoreWriter:
     """Streams arrays into the store's files through `atomic_path`, hashing as it goes.
 
     The files appear under their final names only when the enclosing `ExitStack` closes
@@ -515,22 +479,26 @@ class _Writer:
         }
 
 
-def _wait_for_store(path: Path, timeout_s: float, poll_s: float) -> TokenStore:
+def wait_for_store(
+    path: Path, timeout_s: float, poll_s: float, builder: str = "rank 0", verify: bool = True
+) -> TokenStore:
+    """The store at `path` once it is valid (`builder`: who builds it, for the error)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return TokenStore.open(path)
+            return TokenStore.open(path, verify=verify)
         except StoreInvalidError as err:
             if time.monotonic() > deadline:
                 raise StoreInvalidError(
-                    f"waited {timeout_s:.0f} s for rank 0 to build the token store, still "
-                    f"invalid: {err}. Check rank 0's log, or build it first with `make prepare`"
+                    f"waited {timeout_s:.0f} s for {builder} to build the token store, still "
+                    f"invalid: {err}. Check {builder}'s log, or build it first with "
+                    "`make prepare`"
                 ) from None
         time.sleep(poll_s)
 
 
 @contextlib.contextmanager
-def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+def exclusive_lock(lock_path: Path) -> Iterator[None]:
     with open(lock_path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

@@ -116,3 +116,29 @@ def _no_wandb_unless_asked(monkeypatch):
     """Runs built in-process leave wandb out (the default logger list has it), so tests start
     no wandb service; a test that wants wandb sets WANDB_MODE itself."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+def write_two_source_mixture(folder: Path, weights: str = "{alpha: 0.7, beta: 0.3}") -> list[str]:
+    """A data config of two local text sources (the first 40 embedded documents, and the next
+    20) mixed by `weights`, written under `folder`; the overrides that select it (a config
+    folder on Hydra's search path, as a user's own mixture would be)."""
+    from datamodules.corpus import EmbeddedCorpus
+
+    docs = list(EmbeddedCorpus().documents())
+    (folder / "alpha.txt").write_text("\n\n".join(docs[:40]) + "\n")
+    (folder / "beta.txt").write_text("\n\n".join(docs[40:60]) + "\n")
+    conf = folder / "mixture_conf" / "data"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "two_sources.yaml").write_text(
+        "defaults:\n"
+        "  - /data@sources.alpha: text_files\n"
+        "  - /data@sources.beta: text_files\n"
+        "  - _self_\n"
+        "_target_: datamodules.mixture.MixtureCorpus\n"
+        "_convert_: object\n"
+        f"sources:\n  alpha: {{paths: {folder / 'alpha.txt'}}}\n"
+        f"  beta: {{paths: {folder / 'beta.txt'}}}\n"
+        f"weights: {weights}\n"
+        "epochs: null\n"
+    )
+    return [f"hydra.searchpath=[file://{folder / 'mixture_conf'}]", "data=two_sources"]

@@ -2,6 +2,8 @@
 otherwise) and print documents, tokens, throughput and the cache path.
 
     python -m pipeline.commands.prepare model=gpt data=text_files data.paths='corpus/*.txt'
+    make prepare ... prepare.workers=8        # 8 tokenizing processes (datamodules/store_parallel.py)
+    torchrun --nnodes 4 ... -m pipeline.commands.prepare ... prepare.workers=8   # and 4 nodes
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from datamodules.pretrain import prepare_stores
+from datamodules.run_stores import prepare_stores
 from pipeline.pretrain.checks import check_config
 from pipeline.run.cli import entry_point, user_errors
+from pipeline.run.errors import ConfigError
+from pipeline.run.launcher import launcher_rank, launcher_world_size
 from tokenizer import get_tokenizer
 
 
@@ -19,8 +23,26 @@ from tokenizer import get_tokenizer
 def main(cfg: DictConfig) -> None:
     with user_errors():
         plan = check_config(cfg)
-        tokenizer = get_tokenizer(plan.tokenizer, plan.corpus, cfg.paths.cache_dir)
-        stats = prepare_stores(plan.corpus, tokenizer, plan.objective, cfg.paths.cache_dir)
+        workers = cfg.prepare.workers
+        if not (isinstance(workers, int) and workers >= 1):
+            raise ConfigError(
+                f"prepare.workers={workers!r} is not a whole number >= 1: it is the number of "
+                "processes that tokenize on this machine; e.g. prepare.workers=4"
+            )
+        # under a launcher, rank 0 trains the tokenizer and the others read it from the cache
+        rank = launcher_rank()
+        tokenizer = get_tokenizer(
+            plan.tokenizer, plan.corpus, cfg.paths.cache_dir, may_train=rank == 0
+        )
+        stats = prepare_stores(
+            plan.corpus,
+            tokenizer,
+            plan.objective,
+            cfg.paths.cache_dir,
+            workers=workers,
+            rank=rank,
+            ranks=launcher_world_size(),
+        )
     for store in stats:
         how = "built" if store.built else "reused (built earlier)"
         speed = store.text_bytes / 1e6 / store.seconds if store.seconds > 0 else float("nan")

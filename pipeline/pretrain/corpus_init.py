@@ -83,7 +83,7 @@ class CorpusInit(L.Callback):
         data = trainer.datamodule
 
         def documents() -> Iterator[np.ndarray]:
-            return (data.store.document(int(i)) for i in data.train_documents)
+            return data.train_document_tokens()
 
         started = time.perf_counter()
         computed = None

@@ -20,6 +20,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torchmetrics import MeanMetric
 
 from datamodules.batches import STEP_TOTAL, LossCount
+from datamodules.mixture import VAL_SOURCE
 from models.bert import BertForPreTraining, pretraining_loss
 from models.config import BertConfig, GPTConfig, ModelConfig
 from models.flops import flops_per_token, param_count
@@ -76,6 +77,8 @@ class PretrainModule(L.LightningModule):
             {name: MeanMetric(nan_strategy="disable") for name in names}
         )
         self.val_metrics = torch.nn.ModuleDict({name: MeanMetric() for name in names})
+        # a mixture's validation metrics per source (`setup`), logged as val/<source>/<name>
+        self.source_val_metrics = torch.nn.ModuleDict()
 
     # subclasses --------------------------------------------------------------------------------
 
@@ -251,22 +254,38 @@ class PretrainModule(L.LightningModule):
                 f"(last: {why}); lower optim.lr, raise schedule warmup, or use trainer.precision=32"
             )
 
+    def setup(self, stage: str) -> None:
+        """A mixture's sources (`PretrainDataModule.source_names`) get validation metrics of
+        their own; created here, before the strategy moves the module to its device."""
+        sources = getattr(self.trainer.datamodule, "source_names", None) or []
+        if sources and not len(self.source_val_metrics):
+            for source in sources:
+                self.source_val_metrics[source] = torch.nn.ModuleDict(
+                    {name: MeanMetric() for name in self.metric_names()}
+                )
+
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        groups = [self.val_metrics]
+        if VAL_SOURCE in batch:  # a mixture's validation batch, from one source
+            groups.append(list(self.source_val_metrics.values())[int(batch[VAL_SOURCE])])
         for name, (value, count) in self.losses(batch).items():
-            if name in self.val_metrics and count > 0:
-                self.val_metrics[name].update(value.detach().float(), weight=count)
+            for metrics in groups:
+                if name in metrics and count > 0:
+                    metrics[name].update(value.detach().float(), weight=count)
 
     def on_validation_epoch_end(self) -> None:
         self._log_metrics("val", self.val_metrics)
+        for source, metrics in self.source_val_metrics.items():
+            self._log_metrics(f"val/{source}", metrics, prog_bar=False)
 
-    def _log_metrics(self, split: str, metrics: torch.nn.ModuleDict) -> None:
+    def _log_metrics(self, split: str, metrics: torch.nn.ModuleDict, prog_bar: bool = True) -> None:
         """Log and reset prediction-weighted means (MeanMetric.compute() reduces over
         processes), and the perplexity of `perplexity_of`."""
         values = {name: m.compute() for name, m in metrics.items() if m.update_called}
         if values and "loss" not in values:  # the loss is a sum of terms (MLM + NSP)
             values["loss"] = sum(values[term] for term in self.loss_terms if term in values)
         for name, value in values.items():
-            self.log(f"{split}/{name}", value, prog_bar=name == "loss")
+            self.log(f"{split}/{name}", value, prog_bar=prog_bar and name == "loss")
         if self.perplexity_of in values:
             self.log(f"{split}/perplexity", torch.exp(values[self.perplexity_of].clamp(max=50)))
         for metric in metrics.values():

@@ -43,7 +43,7 @@ from pipeline.run.errors import ConfigError
 from pipeline.run.families import family_named
 from pipeline.run.folder import HF_DIR, LOG_DIR, attempt_record, first_process
 from pipeline.run.launcher import launcher_rank
-from pipeline.training.callbacks import Throughput, ValidateLastStep
+from pipeline.training.callbacks import SourceProgress, Throughput, ValidateLastStep
 from pipeline.training.loggers import (
     build_loggers,
     log_run_end,
@@ -96,6 +96,7 @@ def build_trainer(
         logger=loggers or False,
         callbacks=[
             Throughput(),
+            SourceProgress(),
             extras,
             *([budget] if budget else []),
             *([corpus_init] if corpus_init else []),

@@ -16,6 +16,7 @@ from pipeline.report.plots import (
     DPI,
     FIGSIZE,
     PRETRAIN_PLOTS,
+    Curves,
     plot_blimp,
     plot_curves,
     plot_finetune_curves,
@@ -23,6 +24,7 @@ from pipeline.report.plots import (
     plot_probes,
     plot_suite,
     plot_throughput,
+    source_columns,
 )
 from pipeline.report.runs import (
     MFU,
@@ -121,6 +123,14 @@ def _pretrain_section(builder: _Builder, runs: list[PretrainRun]) -> None:
         lambda path: plot_probes(runs, path),
         "no run logged probe/<task>/<metric> (make pretrain probe=glue)",
     )
+    for name, figure, title, ylabel in (
+        ("sources_read", "epochs", "Mixture: passes over each source", "epochs of the source"),
+        ("sources_val_loss", "val/loss", "Mixture: validation loss per source", "loss (nats)"),
+    ):
+        columns = tuple(source_columns(runs, figure))
+        if columns:  # only runs trained on a mixture have them
+            spec = Curves(name, title, ylabel, columns, smooth=False)
+            builder.plot(name, title, lambda path, spec=spec: plot_curves(spec, runs, path), "")
     builder.plot(
         "throughput",
         "Throughput and MFU",

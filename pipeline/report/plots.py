@@ -226,6 +226,21 @@ def plot_probes(runs: list[PretrainRun], path: Path) -> bool:
     return True
 
 
+def source_columns(runs: list[PretrainRun], figure: str) -> list[str]:
+    """The per-source columns of mixture runs: `data/<source>/<figure>` for a training figure
+    (`epochs`, `tokens`, ...), `val/<source>/<figure>` for "val/loss" and the like."""
+    split, _, name = figure.rpartition("/")
+    prefix = f"{split or 'data'}/"
+    return sorted(
+        {
+            c
+            for run in runs
+            for c in run.metrics
+            if c.startswith(prefix) and c.count("/") == 2 and c.endswith(f"/{name}")
+        }
+    )
+
+
 def plot_blimp(record: dict[str, Any], path: Path) -> bool:
     """A BLiMP record's overall accuracy per row as bars, with chance (50%) dashed."""
     rows = record["rows"]

@@ -49,6 +49,13 @@ def launcher_rank() -> int:
     return 0
 
 
+def launcher_world_size() -> int:
+    """The number of processes an external launcher (torchrun, SLURM) started, else 1."""
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    return int(os.environ.get("SLURM_NTASKS", "1"))
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("run_stamp"):
         OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)

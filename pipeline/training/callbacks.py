@@ -58,6 +58,20 @@ class Throughput(L.Callback):
         self._samples = int(batch["input_ids"].shape[0])
 
 
+class SourceProgress(L.Callback):
+    """Logs, per source of a mixture, what training has read (`data/<source>/sequences`,
+    `tokens` and `epochs`; `PretrainDataModule.source_progress`), after each optimizer step.
+    Nothing for a single corpus."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        progress = getattr(trainer.datamodule, "source_progress", None)
+        if progress is None or not step_boundary(trainer):
+            return
+        for source, figures in progress().items():
+            for name, value in figures.items():
+                pl_module.log(f"data/{source}/{name}", value)
+
+
 class ValidateLastStep(L.Callback):
     """Validates after the run's last optimizer step when the validation interval would not
     (a step count that is not a multiple of it, or the end a time budget planned), so that the

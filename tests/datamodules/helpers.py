@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from datamodules.pretrain import store_settings
+from datamodules.run_stores import store_settings
 from datamodules.store import TokenStore
 from datamodules.store_build import open_or_build_store
 from tests.conftest import SHARED_DATA

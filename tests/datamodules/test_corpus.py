@@ -229,7 +229,7 @@ def _fake_hf_datasets(monkeypatch) -> None:
 
 
 # The data configs composed of others (`defaults`: task configs, or other data configs) are
-# covered by tests/datamodules/test_task_texts.py.
+# covered by tests/datamodules/test_task_texts.py and test_mixture.py.
 LEAF_DATA_CONFIGS = sorted(
     p.stem for p in (CONF / "data").glob("*.yaml") if "defaults" not in OmegaConf.load(p)
 )
@@ -237,7 +237,7 @@ LEAF_DATA_CONFIGS = sorted(
 
 def test_composed_data_configs_are_the_task_text_ones():
     composed = {p.stem for p in (CONF / "data").glob("*.yaml")} - set(LEAF_DATA_CONFIGS)
-    assert composed == {"glue_texts", "wikitext2_glue_texts"}
+    assert composed == {"glue_texts", "wikitext2_glue_texts", "mixture"}
 
 
 @pytest.mark.parametrize("name", LEAF_DATA_CONFIGS)

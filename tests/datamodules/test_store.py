@@ -9,7 +9,7 @@ from tokenizers import AddedToken, Tokenizer
 
 from datamodules.corpus import CorpusError
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
-from datamodules.pretrain import prepare_stores, store_settings
+from datamodules.run_stores import prepare_stores, store_settings
 from datamodules.sentences import split_sentences
 from datamodules.store import (
     DOCUMENTS,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from tests.conftest import (
     compose_pretrain,
     pretrain_command,
     run_pretrain,
+    write_two_source_mixture,
 )
 from tests.pipeline.test_blimp import write_blimp
 from tests.pipeline.test_probe import probe_overrides, probe_steps, write_probe_tasks
@@ -343,6 +345,68 @@ def test_killed_run_with_counted_weights_resumes_exactly(shared_runs):
     process = interrupt_mid_run(tmp_path, run, "vectors-killed", signal.SIGKILL)
     assert process.returncode == -signal.SIGKILL
     assert_resumes_exactly(tmp_path, run, "vectors-killed", reference_dir)
+
+
+def metric_column(run_dir: Path, name: str) -> dict[int, float]:
+    """step -> `name` from the run's CSV log (the last row of a step wins)."""
+    with open(run_dir / "logs" / "metrics.csv") as handle:
+        return {int(r["step"]): float(r[name]) for r in csv.DictReader(handle) if r.get(name)}
+
+
+def test_killed_mixture_run_resumes_exactly_and_so_do_its_sources_counts(tmp_path):
+    """data=<a mixture>: the resumed run logs every step's loss and every source's sequences,
+    tokens and epochs as the uninterrupted run did; resuming with other weights is refused
+    before anything is written."""
+    mixture = write_two_source_mixture(tmp_path)
+    run = (*RUN, *mixture, f"trainer.max_steps={STEPS}")
+    done = run_pretrain(tmp_path, *run, "run_name=mixture-reference")
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference_dir = tmp_path / "out/bert-tiny/mixture-reference"
+    process = interrupt_mid_run(tmp_path, run, "mixture-killed", signal.SIGKILL)
+    assert process.returncode == -signal.SIGKILL
+    start = assert_resumes_exactly(tmp_path, run, "mixture-killed", reference_dir)
+    run_dir = tmp_path / "out/bert-tiny/mixture-killed"
+    for source in ("alpha", "beta"):
+        for figure in ("sequences", "tokens", "epochs"):
+            name = f"data/{source}/{figure}"
+            expected, got = metric_column(reference_dir, name), metric_column(run_dir, name)
+            assert sorted(expected) == list(range(1, STEPS + 1))
+            assert all(got[s] == expected[s] for s in range(start + 1, STEPS + 1)), name
+        validated = metric_column(reference_dir, f"val/{source}/loss")
+        assert sorted(validated) == [20, 40]
+    alpha, beta = (
+        metric_column(reference_dir, "data/alpha/sequences"),
+        metric_column(reference_dir, "data/beta/sequences"),
+    )
+    assert abs(beta[STEPS] / (alpha[STEPS] + beta[STEPS]) - 0.3) < 0.01
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.commands.report",
+            str(run_dir),
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        cwd=REPO,
+        env=CLI_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert {"sources_read.png", "sources_val_loss.png"} <= {
+        p.name for p in (tmp_path / "r").iterdir()
+    }
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    reweighted = (*RUN, *write_two_source_mixture(tmp_path, "{alpha: 0.5, beta: 0.5}"))
+    refused = run_pretrain(
+        tmp_path, *reweighted, "trainer.max_steps=60", "run_name=mixture-killed", "resume=auto"
+    )
+    assert refused.returncode != 0
+    assert "data.weights.alpha=0.7 data.weights.beta=0.3" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
 
 
 def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_named(tmp_path):

@@ -1,0 +1,271 @@
+"""Token stores built by many processes, on one machine and across nodes.
+
+    make prepare prepare.workers=8                                  # 8 processes on this machine
+    torchrun --nnodes 4 --nproc-per-node 1 ... -m pipeline.commands.prepare prepare.workers=16
+    srun --ntasks 4 python -m pipeline.commands.prepare prepare.workers=16
+
+The corpus is cut into `ranks x workers` parts (`corpus_parts`): contiguous runs of its files,
+balanced by size, so that the parts' documents one after another are the corpus's documents in
+order. Rank r's workers tokenize parts r*W .. r*W+W-1, each into a part store of its own (the
+ordinary builder, `store_build.build_store`) under `<store>.parts/of-<N>/`, one process per part
+(spawned, each with its share of the cores for the tokenizer's threads). Rank 0 then waits for
+every part and joins them (`join_parts`) into the store one process would have built: the token
+files are the parts' files one after another, the offsets shifted; so the same bytes, and the same
+cache key, which training finds on any number of nodes. The parts are removed after the join. A
+part already built (a rank or node that died, then a rerun) is reused.
+
+Several nodes need the cache on a file system they all see (`paths.cache_dir`); the ranks
+coordinate through it (each part's manifest, then the store's), with no process group. A corpus
+that is not read from files (the embedded corpus, a Hugging Face dataset, GLUE texts) is one
+part: it is built by one process, as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob as globlib
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from datamodules.corpus import ConcatCorpus, CorpusError
+from datamodules.store import (
+    DOC_SENTENCES,
+    DOCUMENTS,
+    SENTENCES,
+    TOKENS,
+    StoreInvalidError,
+    StoreSettings,
+    StoreStats,
+    TokenStore,
+)
+from datamodules.store_build import (
+    StoreWriter,
+    build_store,
+    exclusive_lock,
+    store_path,
+    wait_for_store,
+    write_manifest,
+)
+
+log = logging.getLogger(__name__)
+_COPY_ELEMENTS = 1 << 24  # array elements copied at a time while joining (bounded memory)
+
+
+def corpus_parts(corpus, count: int) -> list:
+    """`corpus` cut into at most `count` corpora whose documents, one after another, are its
+    documents: contiguous runs of its files (a concatenation's parts' files in turn), balanced
+    by size. A corpus not read from files is a single piece."""
+    pieces = _pieces(corpus)
+    if count <= 1 or len(pieces) <= 1:
+        return [corpus]
+    sizes = np.array([size for _, size in pieces], dtype=np.float64)
+    # piece i goes to the part its middle falls in: contiguous, and about equal in bytes
+    middles = (np.cumsum(sizes) - sizes / 2) / max(sizes.sum(), 1.0)
+    owner = np.minimum((middles * count).astype(int), count - 1)
+    parts = []
+    for index in np.unique(owner):
+        group = [piece for (piece, _), o in zip(pieces, owner, strict=True) if o == index]
+        parts.append(group[0] if len(group) == 1 else ConcatCorpus(group))
+    return parts
+
+
+def _pieces(corpus) -> list[tuple[object, int]]:
+    """(corpus of one file, its size) for each file of `corpus` in reading order; a corpus not
+    read from files is one piece of unknown size (counted as 1 MB)."""
+    if isinstance(corpus, ConcatCorpus):
+        return [piece for part in corpus.parts for piece in _pieces(part)]
+    files = getattr(corpus, "files", None)
+    if not files or len(files) == 1:
+        return [(corpus, sum(os.path.getsize(f) for f in files) if files else 1 << 20)]
+    # the path as a glob that matches just that file, whatever characters its name holds
+    return [
+        (dataclasses.replace(corpus, paths=[globlib.escape(f)]), os.path.getsize(f)) for f in files
+    ]
+
+
+def build_in_parallel(
+    corpus,
+    tokenizer: Tokenizer,
+    settings: StoreSettings,
+    cache_dir: str | os.PathLike,
+    *,
+    workers: int = 1,
+    rank: int = 0,
+    ranks: int = 1,
+    chunk_mb: float = 4.0,
+    wait_timeout_s: float = 24 * 3600,
+    poll_s: float = 2.0,
+) -> tuple[TokenStore, StoreStats]:
+    """The store of (corpus, tokenizer, settings) under `cache_dir`, built by `workers`
+    processes on each of `ranks` launcher ranks (this one is `rank`) if it is not there yet.
+
+    Returns:
+        The opened store and its stats (on every rank, once the store is complete).
+
+    Raises:
+        CorpusError: bad input in a part (its message names the file), or no text at all.
+        StoreInvalidError: a waiting rank timed out.
+    """
+    if workers < 1 or not 0 <= rank < ranks:
+        raise ValueError(f"workers={workers}, rank={rank} of {ranks}: need workers >= 1")
+    start = time.perf_counter()
+    fingerprint = corpus.fingerprint()
+    path = store_path(fingerprint, tokenizer, settings, cache_dir)
+    try:
+        store = TokenStore.open(path)
+        return store, StoreStats.from_manifest(path, store.manifest, built=False)
+    except StoreInvalidError:
+        pass
+    parts = corpus_parts(corpus, workers * ranks)
+    folder = path.parent / f"{path.name}.parts" / f"of-{len(parts):04d}"
+    part_paths = [folder / f"part-{i:04d}" for i in range(len(parts))]
+    mine = [i for i in range(len(parts)) if i // workers == rank]
+    folder.mkdir(parents=True, exist_ok=True)
+    log.info(
+        "building token store %s in %d parts (%d here, %d processes)",
+        path,
+        len(parts),
+        len(mine),
+        min(workers, len(mine)) if mine else 0,
+    )
+    _build_parts(
+        [parts[i] for i in mine],
+        [part_paths[i] for i in mine],
+        tokenizer,
+        settings,
+        workers,
+        chunk_mb,
+    )
+    if rank != 0:
+        store = wait_for_store(path, wait_timeout_s, poll_s, builder="rank 0 (joining the parts)")
+        return store, StoreStats.from_manifest(path, store.manifest, built=False)
+    stores = [
+        wait_for_store(
+            p, wait_timeout_s, poll_s, builder=f"the rank of part {p.name}", verify=False
+        )
+        for p in part_paths
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(path.parent / f"{path.name}.lock"):
+        stats = join_parts(stores, corpus, fingerprint, tokenizer, settings, path, start)
+    shutil.rmtree(folder.parent, ignore_errors=True)
+    return TokenStore.open(path, verify=False), stats
+
+
+def _build_parts(
+    parts: list,
+    paths: list[Path],
+    tokenizer: Tokenizer,
+    settings: StoreSettings,
+    workers: int,
+    chunk_mb: float,
+) -> None:
+    """Build the part stores not built yet, in `workers` spawned processes (in this one when
+    there is a single part to build)."""
+    todo = [(part, p) for part, p in zip(parts, paths, strict=True) if not _valid(p)]
+    if len(todo) < len(parts):
+        log.info(
+            "%d of the %d parts here were built before: reused", len(parts) - len(todo), len(parts)
+        )
+    if not todo:
+        return
+    if len(todo) == 1 or workers == 1:
+        for part, p in todo:
+            _build_part(part, p, tokenizer.to_str(), settings, None, chunk_mb)
+        return
+    processes = min(workers, len(todo))
+    threads = max(1, (os.cpu_count() or 1) // processes)
+    with ProcessPoolExecutor(processes, mp_context=get_context("spawn")) as pool:
+        jobs = [
+            pool.submit(_build_part, part, p, tokenizer.to_str(), settings, threads, chunk_mb)
+            for part, p in todo
+        ]
+        for job in jobs:
+            job.result()  # a part's error (a CorpusError naming its file) is raised here
+
+
+def _build_part(
+    part,
+    path: Path,
+    tokenizer_json: str,
+    settings: StoreSettings,
+    threads: int | None,
+    chunk_mb: float,
+) -> None:
+    """Build one part store (in a worker process: `threads` for the tokenizer's thread pool,
+    set before its first use)."""
+    if threads is not None:
+        os.environ["RAYON_NUM_THREADS"] = os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    with exclusive_lock(path.parent / f"{path.name}.lock"):
+        if not _valid(path):  # the part's own fingerprint is not needed: its folder keys it
+            label = f"part {path.name}"
+            build_store(part, tokenizer, settings, path, label, chunk_mb=chunk_mb, allow_empty=True)
+
+
+def _valid(path: Path) -> bool:
+    try:
+        TokenStore.open(path, verify=False)
+        return True
+    except StoreInvalidError:
+        return False
+
+
+def join_parts(
+    parts: list[TokenStore],
+    corpus,
+    fingerprint: str,
+    tokenizer: Tokenizer,
+    settings: StoreSettings,
+    path: Path,
+    started: float,
+) -> StoreStats:
+    """Write the store of all `parts` (in order) at `path`: tokens one after another, offsets
+    shifted by the tokens and sentences before each part; the bytes one process would write.
+
+    Raises:
+        CorpusError: no part holds any document.
+    """
+    totals = {"documents": 0, "sentences": 0, "tokens": 0, "skipped_documents": 0, "text_bytes": 0}
+    for part in parts:
+        for key in totals:
+            totals[key] += part.manifest["counts"][key]
+    if totals["documents"] == 0:
+        raise CorpusError(
+            f"{corpus.describe()} yielded no text to tokenize ({totals['skipped_documents']} "
+            "empty documents); check data.paths and that the files hold text"
+        )
+    names = [TOKENS, DOCUMENTS] + ([SENTENCES, DOC_SENTENCES] if settings.sentences else [])
+    path.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        writer = StoreWriter(path, names, stack)
+        for name in names[1:]:
+            writer.write(name, np.zeros(1, np.int64))
+        tokens = sentences = 0
+        for part in parts:
+            _copy(writer, TOKENS, part.tokens, 0)
+            _copy(writer, DOCUMENTS, part.doc_offsets[1:], tokens)
+            if settings.sentences:
+                _copy(writer, SENTENCES, part.sentence_offsets[1:], tokens)
+                _copy(writer, DOC_SENTENCES, part.doc_sentences[1:], sentences)
+                sentences += part.manifest["counts"]["sentences"]
+            tokens += part.num_tokens
+    seconds = time.perf_counter() - started
+    return write_manifest(
+        path, corpus, fingerprint, tokenizer, settings, totals, seconds, writer.summary()
+    )
+
+
+def _copy(writer: StoreWriter, name: str, array: np.ndarray, shift: int) -> None:
+    for start in range(0, len(array), _COPY_ELEMENTS):
+        block = np.asarray(array[start : start + _COPY_ELEMENTS])
+        writer.write(name, block + shift if shift else block)

@@ -1,0 +1,276 @@
+"""Weighted mixtures (datamodules/mixture.py): sampling by weight and by epochs, rows that never
+mix sources, per-source validation, exact resume, reweighting refused, errors naming the source."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hydra.utils import instantiate
+
+from datamodules.batches import DataSetupError, merge_batches
+from datamodules.corpus import CorpusError, TextFilesCorpus
+from datamodules.mixture import VAL_SOURCE, MixtureBatches, MixtureCorpus, blend
+from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.pretrain import PretrainDataModule
+from datamodules.run_stores import prepare_stores
+from tests.conftest import ListCorpus, compose_pretrain
+from tokenizer import batched, train_tokenizer
+
+WORDS = {
+    "alpha": [
+        "apple",
+        "apricot",
+        "almond",
+        "anchor",
+        "arrow",
+        "amber",
+        "atlas",
+        "axis",
+        "acorn",
+        "anvil",
+    ],
+    "beta": [
+        "banana",
+        "berry",
+        "basil",
+        "bridge",
+        "button",
+        "bottle",
+        "branch",
+        "breeze",
+        "bucket",
+        "barrel",
+    ],
+}
+
+
+def documents(name: str, count: int, seed: int) -> list[str]:
+    """`count` documents of 3-8 sentences made only of `WORDS[name]`."""
+    rng = random.Random(seed)
+    words = WORDS[name]
+    docs = []
+    for _ in range(count):
+        sentences = [
+            " ".join(rng.choice(words) for _ in range(rng.randint(4, 12))).capitalize() + "."
+            for _ in range(rng.randint(3, 8))
+        ]
+        docs.append(" ".join(sentences))
+    return docs
+
+
+@pytest.fixture(scope="module")
+def sources() -> dict[str, ListCorpus]:
+    # beta is three times smaller than alpha: weights far from the natural shares
+    return {
+        "alpha": ListCorpus(documents("alpha", 120, 1)),
+        "beta": ListCorpus(documents("beta", 40, 2)),
+    }
+
+
+@pytest.fixture(scope="module", params=["wordpiece", "bpe"])
+def tokenizer(request, sources):
+    texts = [d for corpus in sources.values() for d in corpus.docs]
+    return train_tokenizer(request.param, batched(iter(texts)), 300)
+
+
+def objective_for(tokenizer):
+    if tokenizer.token_to_id("[MASK]") is not None:
+        return MaskedLMObjective(seq_len=32, batch_size=8)
+    return CausalLMObjective(seq_len=16, batch_size=8)
+
+
+def source_ids(tokenizer) -> dict[str, set[int]]:
+    """The ids only one source's words encode to (punctuation is shared)."""
+    ids = {}
+    for name, words in WORDS.items():
+        text = " ".join(w + " " + w.capitalize() + "." for w in words)
+        ids[name] = set(tokenizer.encode(text, add_special_tokens=False).ids)
+    shared = ids["alpha"] & ids["beta"]
+    return {name: found - shared for name, found in ids.items()}
+
+
+def row_sources(batch: dict, tokenizer) -> list[str]:
+    """The source of every row of a batch, from its tokens; a row mixing sources fails."""
+    ids = source_ids(tokenizer)
+    names = []
+    tokens = batch["targets"] if "targets" in batch else batch["input_ids"]
+    labels = batch.get("mlm_labels")
+    for row, values in enumerate(np.asarray(tokens)):
+        seen = set(values.tolist())
+        if labels is not None:  # masked positions hold [MASK] or random ids: read the labels
+            width = tokens.shape[1]
+            masked = np.asarray(batch["masked_positions"])
+            mine = masked // width == row
+            seen -= set(values[masked[mine] % width].tolist())
+            seen |= set(np.asarray(labels)[mine].tolist())
+        owners = {name for name, s in ids.items() if seen & s}
+        assert len(owners) == 1, (row, owners)
+        names.append(owners.pop())
+    return names
+
+
+def datamodule(corpus, tokenizer, cache_dir, **kwargs) -> PretrainDataModule:
+    dm = PretrainDataModule(corpus, tokenizer, objective_for(tokenizer), cache_dir, **kwargs)
+    dm.setup("fit")
+    return dm
+
+
+def test_blend_keeps_every_stretch_in_proportion():
+    source, rank = blend(np.array([700, 300]))
+    assert len(source) == 1000
+    for s, count in ((0, 700), (1, 300)):
+        assert list(rank[source == s]) == list(range(count))  # each source in its own order
+    for start in range(0, 1000, 100):  # every stretch of 100 slots: 70 and 30, within 1
+        assert abs(int((source[start : start + 100] == 0).sum()) - 70) <= 1
+
+
+def test_weights_decide_the_share_of_sequences_rows_never_mix_sources(sources, tokenizer, tmp_path):
+    corpus = MixtureCorpus(sources, weights={"alpha": 0.3, "beta": 0.7})
+    dm = datamodule(corpus, tokenizer, tmp_path, val_fraction=0.1)
+    batches = dm.train_set
+    assert isinstance(batches, MixtureBatches)
+    seen = {"alpha": 0, "beta": 0}
+    for epoch in range(2):
+        for index in range(len(batches)):
+            for name in row_sources(batches[(epoch, index)], tokenizer):
+                seen[name] += 1
+    share = seen["beta"] / (seen["alpha"] + seen["beta"])
+    assert abs(share - 0.7) < 0.02, seen
+    # what the run logs per source counts the same sequences, and epochs of each source
+    progress = batches.progress(dm.source_names, 2, 0)
+    for s, name in enumerate(dm.source_names):
+        assert progress[name]["sequences"] == seen[name]
+        assert progress[name]["epochs"] == seen[name] / batches.source_items[s]
+
+
+def test_epochs_set_each_sources_passes(sources, tokenizer, tmp_path):
+    corpus = MixtureCorpus(sources, epochs={"alpha": 0.5, "beta": 3})
+    dm = datamodule(corpus, tokenizer, tmp_path, val_fraction=0)
+    batches = dm.train_set
+    items = batches.source_items
+    assert list(batches.per_epoch) == [round(0.5 * items[0]), 3 * items[1]]
+    done = batches.progress(dm.source_names, 1, 0)
+    assert done["alpha"]["epochs"] == pytest.approx(0.5, abs=0.01)
+    assert done["beta"]["epochs"] == 3
+    # the source's items run on across mixture epochs: alpha's second half comes in epoch 1
+    first = {tuple(r) for r in batches[(0, 0)]["input_ids"].tolist()}
+    assert first != {tuple(r) for r in batches[(1, 0)]["input_ids"].tolist()}
+
+
+def test_validation_is_per_source_and_the_batches_are_a_function_of_the_position(
+    sources, tokenizer, tmp_path
+):
+    corpus = MixtureCorpus(sources, weights={"alpha": 1, "beta": 1})
+    dm = datamodule(corpus, tokenizer, tmp_path, val_fraction=0.2, seed=7)
+    val = [b for b in dm.val_dataloader()]
+    tags = [int(b[VAL_SOURCE]) for b in val]
+    assert set(tags[:2]) == {0, 1}  # interleaved: the first batches already cover both
+    assert [tags.count(s) for s in (0, 1)] == [len(source) for source in dm.val_set.sources]
+    for batch in val:
+        name = dm.source_names[int(batch[VAL_SOURCE])]
+        assert set(row_sources({k: v.numpy() for k, v in batch.items()}, tokenizer)) == {name}
+    # a second datamodule restored at a position hands out exactly the batches that follow
+    steps = iter(dm.train_dataloader())
+    for _ in range(3):
+        next(steps)
+    state = dm.state_dict()
+    again = datamodule(corpus, tokenizer, tmp_path, val_fraction=0.2, seed=7)
+    again.load_state_dict(state)
+    for expected, got in zip(steps, again.train_dataloader(), strict=False):
+        assert expected.keys() == got.keys()
+        assert all(bool((expected[k] == got[k]).all()) for k in expected)
+
+
+def test_resuming_under_other_weights_is_refused(sources, tokenizer, tmp_path):
+    dm = datamodule(
+        MixtureCorpus(sources, weights={"alpha": 0.8, "beta": 0.2}), tokenizer, tmp_path
+    )
+    state = dm.state_dict()
+    other = datamodule(
+        MixtureCorpus(sources, weights={"alpha": 0.5, "beta": 0.5}), tokenizer, tmp_path
+    )
+    with pytest.raises(DataSetupError, match=r"data\.weights\.alpha=0\.8 data\.weights\.beta=0\.2"):
+        other.load_state_dict(state)
+    single = datamodule(sources["alpha"], tokenizer, tmp_path)
+    with pytest.raises(DataSetupError, match="sampled a mixture by weights"):
+        single.load_state_dict(state)
+
+
+def test_each_source_has_its_own_store_shared_with_single_corpus_runs(sources, tokenizer, tmp_path):
+    corpus = MixtureCorpus(sources, weights={"alpha": 0.5, "beta": 0.5})
+    stats = prepare_stores(corpus, tokenizer, objective_for(tokenizer), tmp_path)
+    assert [s.documents for s in stats] == [120, 40] and all(s.built for s in stats)
+    [alone] = prepare_stores(sources["beta"], tokenizer, objective_for(tokenizer), tmp_path)
+    assert not alone.built and alone.path == stats[1].path
+    # the weights decide the sampling, not the text: a reweighted mixture keys the same caches
+    assert (
+        corpus.fingerprint() == MixtureCorpus(sources, epochs={"alpha": 1, "beta": 2}).fingerprint()
+    )
+
+
+def test_the_shipped_mixture_config_and_its_fingerprint(sources):
+    """conf/data/mixture.yaml composes as `make pretrain data=mixture` composes it; a source's
+    text keys the caches, its weight does not."""
+    cfg = compose_pretrain("data=mixture", "data.weights.glue_texts=0.5")
+    corpus = instantiate(cfg.data)
+    assert corpus.names == ["wikitext2", "glue_texts"] and not corpus.by_epochs
+    assert corpus.amounts == {"wikitext2": 0.8, "glue_texts": 0.5}
+    assert isinstance(corpus.sources["wikitext2"], TextFilesCorpus)
+    changed = dict(sources, beta=ListCorpus(documents("beta", 40, 3)))
+    assert MixtureCorpus(sources).fingerprint() != MixtureCorpus(changed).fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"weights": {"alpha": 1}}, r"data\.weights must name every source .*missing beta"),
+        ({"weights": {"alpha": 1, "beta": 1, "gamma": 1}}, "unknown gamma"),
+        ({"weights": {"alpha": 1, "beta": 0}}, r"data\.weights\.beta=0 is not a positive number"),
+        ({"epochs": {"alpha": 1, "beta": float("nan")}}, r"data\.epochs\.beta=nan"),
+        ({"weights": {"alpha": 1, "beta": 1}, "epochs": {"alpha": 1, "beta": 1}}, "not both"),
+    ],
+)
+def test_bad_mixture_settings_name_the_key(sources, kwargs, message):
+    with pytest.raises(CorpusError, match=message):
+        MixtureCorpus(sources, **kwargs)
+    with pytest.raises(CorpusError, match="data.sources is empty"):
+        MixtureCorpus({})
+
+
+def test_a_source_with_bad_input_is_named(sources, tokenizer, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"Fine text here.\n\nThen \xff broken bytes.\n")
+    corpus = MixtureCorpus({"alpha": sources["alpha"], "crawl": TextFilesCorpus(paths=str(bad))})
+    dm = PretrainDataModule(corpus, tokenizer, objective_for(tokenizer), tmp_path / "cache")
+    with pytest.raises(CorpusError, match=r"^data\.sources\.crawl: .*bad\.txt: invalid UTF-8"):
+        dm.check_documents()
+    small = MixtureCorpus({"alpha": sources["alpha"], "tiny": ListCorpus(["One sentence."])})
+    dm = PretrainDataModule(small, tokenizer, objective_for(tokenizer), tmp_path / "cache")
+    with pytest.raises(DataSetupError, match=r"^data\.sources\.tiny: the corpus \(1 in-memory"):
+        dm.check_documents()
+
+
+def test_merged_bert_rows_keep_their_masked_positions():
+    narrow = {
+        "input_ids": np.array([[1, 5, 2, 0]]),
+        "attention_mask": np.array([[1, 1, 1, 0]]),
+        "masked_positions": np.array([1]),
+        "mlm_labels": np.array([9]),
+        "nsp_labels": np.array([0]),
+    }
+    wide = {
+        "input_ids": np.array([[1, 6, 7, 8, 2, 0, 0, 0], [1, 6, 2, 0, 0, 0, 0, 0]]),
+        "attention_mask": np.array([[1] * 5 + [0] * 3, [1] * 3 + [0] * 5]),
+        "masked_positions": np.array([3, 9]),
+        "mlm_labels": np.array([4, 3]),
+        "nsp_labels": np.array([1, 0]),
+    }
+    merged = merge_batches([narrow, wide], pad_id=0)
+    assert merged["input_ids"].shape == (3, 8)
+    flat = merged["input_ids"].reshape(-1)
+    # each masked position still points at the token it pointed at before the merge
+    assert list(merged["masked_positions"]) == [1, 8 + 3, 16 + 1]
+    assert list(flat[merged["masked_positions"]]) == [5, 8, 6]
+    assert list(merged["nsp_labels"]) == [0, 1, 0]
