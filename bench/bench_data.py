@@ -9,8 +9,10 @@ against the mini models' training-step rate.
    encode, write, checksum) and the GPT store (read, encode, EOS, write, checksum), against
    `Tokenizer.encode_batch` on the same documents already in memory, in the same run, with the
    same tokenizer. Runs alternate and the median is reported (shared CPUs are noisy).
-   Target: the store reaches >= 70% of raw `encode_batch` throughput. The same documents in
-   `PARALLEL_FILES` files are then built by 1 process and by 2 (`make prepare prepare.workers=2`,
+   Target: the store reaches >= 70% of raw `encode_batch` throughput. The documents, repeated
+   to at least `--parallel-mb` MB (100; a parallel build's start-up is a few tenths of a second
+   per process, which a corpus of seconds would mostly measure) and written to `PARALLEL_FILES`
+   files, are then built by 1 process and by 2 (`make prepare prepare.workers=2`,
    datamodules/store_parallel.py): MB/s of each, and their ratio.
 2. DataLoader: batches/s of the training loader for BERT (NSP pairs, dynamic masking, seq 128,
    batch 32) and GPT (packed windows, seq 256, batch 16) with 0 and 2 workers, after the first
@@ -92,7 +94,9 @@ def load_corpus(choice: str):
     return TextFilesCorpus(str(path), doc_split="wikitext"), path.name
 
 
-def bench_store(corpus, docs: list[str], tokenizer, objective, reps: int) -> dict:
+def bench_store(
+    corpus, docs: list[str], tokenizer, objective, reps: int, parallel_mb: float = 100.0
+) -> dict:
     """Median MB/s of raw encode_batch, encode_batch_fast and the store build, interleaved."""
     settings = store_settings(objective, tokenizer)
     megabytes = sum(len(d.encode()) for d in docs) / 1e6
@@ -107,8 +111,9 @@ def bench_store(corpus, docs: list[str], tokenizer, objective, reps: int) -> dic
             start = time.perf_counter()
             stats = build_store(corpus, tokenizer, settings, Path(tmp) / "store", fingerprint)
             rates["store"].append(megabytes / (time.perf_counter() - start))
+    repeat = max(1, round(parallel_mb / megabytes))
     with tempfile.TemporaryDirectory() as tmp:
-        files = as_files(docs, Path(tmp), PARALLEL_FILES)
+        files = as_files(docs * repeat, Path(tmp), PARALLEL_FILES)
         rates |= {"files_1_process": [], "files_2_processes": []}
         for rep in range(reps):
             for workers in (1, 2):
@@ -120,7 +125,7 @@ def bench_store(corpus, docs: list[str], tokenizer, objective, reps: int) -> dic
                 else:
                     cache = Path(tmp) / f"cache{rep}"
                     build_in_parallel(files, tokenizer, settings, cache, workers=workers)
-                rates[name].append(megabytes / (time.perf_counter() - start))
+                rates[name].append(repeat * megabytes / (time.perf_counter() - start))
     median = {name: statistics.median(values) for name, values in rates.items()}
     return {
         "text_mb": megabytes,
@@ -130,6 +135,7 @@ def bench_store(corpus, docs: list[str], tokenizer, objective, reps: int) -> dic
         "runs_mb_per_s": rates,
         "store_vs_encode_batch": median["store"] / median["encode_batch"],
         "store_vs_encode_batch_fast": median["store"] / median["encode_batch_fast"],
+        "parallel_text_mb": repeat * megabytes,
         "two_processes_vs_one": median["files_2_processes"] / median["files_1_process"],
     }
 
@@ -212,6 +218,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--reps", type=int, default=3, help="store-building repetitions")
     parser.add_argument("--batches", type=int, default=200, help="timed loader batches")
+    parser.add_argument(
+        "--parallel-mb", type=float, default=100.0, help="text of the 1- vs 2-process builds"
+    )
     parser.add_argument("--model-steps", type=int, default=5, help="timed mini-model steps")
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--size", choices=sorted(SIZES), default="mini", help="model preset")
@@ -219,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=Path("bench/results/data.json"))
     args = parser.parse_args(argv)
     if args.quick:
-        args.reps, args.batches, args.model_steps = 1, 50, 2
+        args.reps, args.batches, args.model_steps, args.parallel_mb = 1, 50, 2, 10.0
     logging.basicConfig(level=logging.WARNING)
 
     corpus, corpus_name = load_corpus(args.corpus or ("quick" if args.quick else "full"))
@@ -228,7 +237,9 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for name, (kind, objective) in SIZES[args.size].items():
         tokenizer = train_tokenizer(kind, batched(docs[: max(50, len(docs) // 3)]), args.vocab_size)
-        row = {"store": bench_store(corpus, docs, tokenizer, objective, args.reps)}
+        row = {
+            "store": bench_store(corpus, docs, tokenizer, objective, args.reps, args.parallel_mb)
+        }
         dm = PretrainDataModule(corpus, tokenizer, objective, cache.name, val_fraction=0.0)
         dm.setup("fit")
         row["loader"] = [bench_loader(dm, workers, args.batches) for workers in (0, 2)]
@@ -310,8 +321,8 @@ def table(report: dict) -> str:
                 f"{rates['encode_batch_fast']:.2f}",
                 f"{rates['store']:.2f}",
                 f"{store['store_vs_encode_batch']:.0%}",
-                f"{rates['files_1_process']:.2f} / {rates['files_2_processes']:.2f} "
-                f"({store['two_processes_vs_one']:.2f}x)",
+                f"{store['parallel_text_mb']:.0f} MB: {rates['files_1_process']:.2f} / "
+                f"{rates['files_2_processes']:.2f} ({store['two_processes_vs_one']:.2f}x)",
                 " / ".join(number(r["batches_per_s"]) for r in row["loader"]),
                 f"{row['mini_model']['steps_per_s']:.2f}",
                 f"{row['loader_vs_model_steps']:,.0f}x",

@@ -164,6 +164,7 @@ class MixtureBatches(EpochBatches):
         self.source_items = np.array([s.plan.num_items for s in sources], dtype=np.int64)
         self.pad_id = pad_id
         self.slot_source, self.slot_rank = blend(self.per_epoch)
+        self._counted: tuple[int, int, np.ndarray] = (-1, 0, np.zeros(len(sources), np.int64))
         self.set_num_items(int(self.per_epoch.sum()))
 
     def _make_order(self, epoch: int) -> np.ndarray:
@@ -189,7 +190,12 @@ class MixtureBatches(EpochBatches):
         """(S,) items of each source read by the first `batches` batches (of every rank) of
         mixture epoch `epoch`."""
         slots = min(batches * self.batch_size * self.world_size, self.plan.num_items)
-        partial = np.bincount(self.slot_source[:slots], minlength=len(self.sources))
+        # counted on from the last call (once per training step): the slots since then only
+        last_epoch, start, partial = self._counted
+        if last_epoch != epoch or start > slots:
+            start, partial = 0, np.zeros(len(self.sources), dtype=np.int64)
+        partial = partial + np.bincount(self.slot_source[start:slots], minlength=len(self.sources))
+        self._counted = (epoch, slots, partial)
         return epoch * self.per_epoch + partial
 
     def progress(self, names: list[str], epoch: int, batches: int) -> dict[str, dict[str, float]]:

@@ -8,7 +8,7 @@ The corpus is cut into `ranks x workers` parts (`corpus_parts`): contiguous runs
 balanced by size, so that the parts' documents one after another are the corpus's documents in
 order. Rank r's workers tokenize parts r*W .. r*W+W-1, each into a part store of its own (the
 ordinary builder, `store_build.build_store`) under `<store>.parts/of-<N>/`, one process per part
-(spawned, each with its share of the cores for the tokenizer's threads). Rank 0 then waits for
+(a fresh interpreter each, with its share of the cores for the tokenizer's threads). Rank 0 then waits for
 every part and joins them (`join_parts`) into the store one process would have built: the token
 files are the parts' files one after another, the offsets shifted; so the same bytes, and the same
 cache key, which training finds on any number of nodes. The parts are removed after the join. A
@@ -26,11 +26,12 @@ import dataclasses
 import glob as globlib
 import logging
 import os
+import pickle
 import shutil
+import subprocess
+import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +56,10 @@ from datamodules.store_build import (
     wait_for_store,
     write_manifest,
 )
+from tokenizer import atomic_path
 
 log = logging.getLogger(__name__)
+_ROOT = Path(__file__).resolve().parents[1]  # the folder that holds `datamodules`
 _COPY_ELEMENTS = 1 << 24  # array elements copied at a time while joining (bounded memory)
 
 
@@ -169,47 +172,90 @@ def _build_parts(
     workers: int,
     chunk_mb: float,
 ) -> None:
-    """Build the part stores not built yet, in `workers` spawned processes (in this one when
-    there is a single part to build)."""
+    """Build the part stores not built yet, each in a fresh `python -m datamodules.store_parallel`
+    process (at most `workers` at once, each with its share of the cores for the tokenizer's
+    threads), or in this process when there is one part to build or one worker. Fresh processes
+    start in a fraction of a second: they import only what tokenizing needs, where a spawned
+    multiprocessing child would import this process's whole command (torch, Lightning)."""
     todo = [(part, p) for part, p in zip(parts, paths, strict=True) if not _valid(p)]
     if len(todo) < len(parts):
         log.info(
             "%d of the %d parts here were built before: reused", len(parts) - len(todo), len(parts)
         )
-    if not todo:
-        return
-    if len(todo) == 1 or workers == 1:
+    if len(todo) == 1 or (todo and workers == 1):
         for part, p in todo:
-            _build_part(part, p, tokenizer.to_str(), settings, None, chunk_mb)
+            _build_part(part, p, tokenizer, settings, chunk_mb)
         return
     processes = min(workers, len(todo))
-    threads = max(1, (os.cpu_count() or 1) // processes)
-    with ProcessPoolExecutor(processes, mp_context=get_context("spawn")) as pool:
-        jobs = [
-            pool.submit(_build_part, part, p, tokenizer.to_str(), settings, threads, chunk_mb)
-            for part, p in todo
-        ]
-        for job in jobs:
-            job.result()  # a part's error (a CorpusError naming its file) is raised here
+    threads = str(max(1, (os.cpu_count() or 1) // processes))
+    env = os.environ | {
+        "RAYON_NUM_THREADS": threads,
+        "RAYON_RS_NUM_CPUS": threads,
+        "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    tokenizer_file = paths[0].parent / "tokenizer.json"
+    with atomic_path(tokenizer_file) as tmp:
+        tmp.write_text(tokenizer.to_str())
+    running: list[tuple[subprocess.Popen, Path]] = []
+    try:
+        for part, p in todo:
+            while len(running) >= processes:
+                running = _reap(running)
+            job = p.parent / f"{p.name}.job"
+            with atomic_path(job) as tmp:
+                tmp.write_bytes(pickle.dumps((part, str(tokenizer_file), settings, chunk_mb)))
+            p.with_suffix(".error").unlink(missing_ok=True)
+            command = [sys.executable, "-m", "datamodules.store_parallel", str(job), str(p)]
+            running.append((subprocess.Popen(command, env=env), p))
+        while running:
+            running = _reap(running)
+    finally:
+        for process, _ in running:  # an error in one part stops the others
+            process.kill()
+            process.wait()
+
+
+def _reap(running: list[tuple[subprocess.Popen, Path]]) -> list[tuple[subprocess.Popen, Path]]:
+    """The processes still running, after waiting a moment for one to end; a part that
+    failed raises its error (a CorpusError naming the file, when it was bad input)."""
+    time.sleep(0.05)
+    still = []
+    for process, path in running:
+        status = process.poll()
+        if status is None:
+            still.append((process, path))
+        elif status != 0:
+            error = path.with_suffix(".error")
+            if error.exists():
+                raise CorpusError(error.read_text())
+            raise RuntimeError(
+                f"building part {path.name} of the token store failed (exit status {status}); "
+                "its messages are above"
+            )
+    return still
 
 
 def _build_part(
-    part,
-    path: Path,
-    tokenizer_json: str,
-    settings: StoreSettings,
-    threads: int | None,
-    chunk_mb: float,
+    part, path: Path, tokenizer: Tokenizer, settings: StoreSettings, chunk_mb: float
 ) -> None:
-    """Build one part store (in a worker process: `threads` for the tokenizer's thread pool,
-    set before its first use)."""
-    if threads is not None:
-        os.environ["RAYON_NUM_THREADS"] = os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
-    tokenizer = Tokenizer.from_str(tokenizer_json)
+    """Build one part store (unless another process built it meanwhile)."""
     with exclusive_lock(path.parent / f"{path.name}.lock"):
         if not _valid(path):  # the part's own fingerprint is not needed: its folder keys it
             label = f"part {path.name}"
             build_store(part, tokenizer, settings, path, label, chunk_mb=chunk_mb, allow_empty=True)
+
+
+def _worker(job: Path, path: Path) -> int:
+    """`python -m datamodules.store_parallel JOB PART`: build the part that JOB describes; bad
+    input is written to PART.error for the parent to raise."""
+    logging.basicConfig(level=logging.INFO, format=f"[{path.name}] %(message)s")
+    part, tokenizer_file, settings, chunk_mb = pickle.loads(job.read_bytes())
+    try:
+        _build_part(part, path, Tokenizer.from_file(tokenizer_file), settings, chunk_mb)
+    except CorpusError as err:
+        path.with_suffix(".error").write_text(str(err))
+        return 3
+    return 0
 
 
 def _valid(path: Path) -> bool:
@@ -252,11 +298,19 @@ def join_parts(
             writer.write(name, np.zeros(1, np.int64))
         tokens = sentences = 0
         for part in parts:
-            _copy(writer, TOKENS, part.tokens, 0)
-            _copy(writer, DOCUMENTS, part.doc_offsets[1:], tokens)
+            _copy(writer, TOKENS, part, TOKENS, part.dtype, 0)
+            _copy(writer, DOCUMENTS, part, DOCUMENTS, np.dtype(np.int64), tokens, skip=1)
             if settings.sentences:
-                _copy(writer, SENTENCES, part.sentence_offsets[1:], tokens)
-                _copy(writer, DOC_SENTENCES, part.doc_sentences[1:], sentences)
+                _copy(writer, SENTENCES, part, SENTENCES, np.dtype(np.int64), tokens, skip=1)
+                _copy(
+                    writer,
+                    DOC_SENTENCES,
+                    part,
+                    DOC_SENTENCES,
+                    np.dtype(np.int64),
+                    sentences,
+                    skip=1,
+                )
                 sentences += part.manifest["counts"]["sentences"]
             tokens += part.num_tokens
     seconds = time.perf_counter() - started
@@ -265,7 +319,23 @@ def join_parts(
     )
 
 
-def _copy(writer: StoreWriter, name: str, array: np.ndarray, shift: int) -> None:
-    for start in range(0, len(array), _COPY_ELEMENTS):
-        block = np.asarray(array[start : start + _COPY_ELEMENTS])
-        writer.write(name, block + shift if shift else block)
+def _copy(
+    writer: StoreWriter,
+    name: str,
+    part: TokenStore,
+    file: str,
+    dtype: np.dtype,
+    shift: int,
+    skip: int = 0,
+) -> None:
+    """Append a part's `file` (its first `skip` values left out, the rest plus `shift`) to the
+    store's `name`, read in blocks from the file (not through its memory map, whose pages would
+    count in this process's memory)."""
+    with open(part.path / file, "rb") as handle:
+        handle.seek(skip * dtype.itemsize)
+        while len(block := np.fromfile(handle, dtype=dtype, count=_COPY_ELEMENTS)):
+            writer.write(name, block + shift if shift else block)
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(Path(sys.argv[1]), Path(sys.argv[2])))

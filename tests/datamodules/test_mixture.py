@@ -138,6 +138,13 @@ def test_weights_decide_the_share_of_sequences_rows_never_mix_sources(sources, t
                 seen[name] += 1
     share = seen["beta"] / (seen["alpha"] + seen["beta"])
     assert abs(share - 0.7) < 0.02, seen
+    # counted on from call to call, in any order, as if counted afresh
+    slots = batches.batch_size * batches.world_size
+    for epoch, done in [(0, 3), (0, 7), (0, 2), (1, 5), (0, 9), (0, 9), (2, 0)]:
+        fresh = np.bincount(
+            batches.slot_source[: min(done * slots, batches.plan.num_items)], minlength=2
+        )
+        assert list(batches.consumed(epoch, done)) == list(epoch * batches.per_epoch + fresh)
     # what the run logs per source counts the same sequences, and epochs of each source
     progress = batches.progress(dm.source_names, 2, 0)
     for s, name in enumerate(dm.source_names):
