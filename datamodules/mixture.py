@@ -66,8 +66,8 @@ class MixtureCorpus:
         if self.weights is not None and self.epochs is not None:
             raise CorpusError(
                 "data.weights and data.epochs are both set; give each source a share "
-                "(data.weights) or a number of passes (data.epochs), not both: e.g. "
-                "data.epochs=null"
+                "(data.weights) or a number of passes (data.epochs), not both: to sample by "
+                "epochs, add data.weights=null (conf/data/mixture.yaml sets weights)"
             )
         key = "data.weights" if self.weights is not None else "data.epochs"
         given = self.weights if self.weights is not None else self.epochs
@@ -164,6 +164,7 @@ class MixtureBatches(EpochBatches):
         self.source_items = np.array([s.plan.num_items for s in sources], dtype=np.int64)
         self.pad_id = pad_id
         self.slot_source, self.slot_rank = blend(self.per_epoch)
+        self.item_tokens = [s.item_tokens() for s in sources]  # once: BERT's reads epoch 0
         self._counted: tuple[int, int, np.ndarray] = (-1, 0, np.zeros(len(sources), np.int64))
         self.set_num_items(int(self.per_epoch.sum()))
 
@@ -206,10 +207,10 @@ class MixtureBatches(EpochBatches):
         return {
             name: {
                 "sequences": float(read[s]),
-                "tokens": float(read[s] * source.item_tokens()),
+                "tokens": float(read[s] * self.item_tokens[s]),
                 "epochs": float(read[s] / self.source_items[s]),
             }
-            for s, (name, source) in enumerate(zip(names, self.sources, strict=True))
+            for s, name in enumerate(names)
         }
 
 

@@ -22,8 +22,11 @@ part: it is built by one process, as before.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob as globlib
+import hashlib
+import json
 import logging
 import os
 import pickle
@@ -53,13 +56,13 @@ from datamodules.store_build import (
     build_store,
     exclusive_lock,
     store_path,
-    wait_for_store,
     write_manifest,
 )
 from tokenizer import atomic_path
 
 log = logging.getLogger(__name__)
 _ROOT = Path(__file__).resolve().parents[1]  # the folder that holds `datamodules`
+_JOINER = "rank 0 to join the parts into the store"
 _COPY_ELEMENTS = 1 << 24  # array elements copied at a time while joining (bounded memory)
 
 
@@ -129,16 +132,19 @@ def build_in_parallel(
     except StoreInvalidError:
         pass
     parts = corpus_parts(corpus, workers * ranks)
-    folder = path.parent / f"{path.name}.parts" / f"of-{len(parts):04d}"
+    # the folder names how the files were cut: parts are reused only by a build cut the same way
+    folder = path.parent / f"{path.name}.parts" / f"{len(parts):04d}-{_partition_key(parts)}"
     part_paths = [folder / f"part-{i:04d}" for i in range(len(parts))]
-    mine = [i for i in range(len(parts)) if i // workers == rank]
+    mine = [i for i in range(len(parts)) if i % ranks == rank]
     folder.mkdir(parents=True, exist_ok=True)
+    for i in mine:  # an earlier attempt's error, which this one retries
+        part_paths[i].with_suffix(".error").unlink(missing_ok=True)
     log.info(
         "building token store %s in %d parts (%d here, %d processes)",
         path,
         len(parts),
         len(mine),
-        min(workers, len(mine)) if mine else 0,
+        min(workers, len(mine)),
     )
     _build_parts(
         [parts[i] for i in mine],
@@ -149,19 +155,58 @@ def build_in_parallel(
         chunk_mb,
     )
     if rank != 0:
-        store = wait_for_store(path, wait_timeout_s, poll_s, builder="rank 0 (joining the parts)")
+        store = _wait(lambda: _opened(path, verify=True), folder, wait_timeout_s, poll_s, _JOINER)
         return store, StoreStats.from_manifest(path, store.manifest, built=False)
     stores = [
-        wait_for_store(
-            p, wait_timeout_s, poll_s, builder=f"the rank of part {p.name}", verify=False
+        _wait(
+            lambda p=p: _opened(p), folder, wait_timeout_s, poll_s, f"the rank that builds {p.name}"
         )
         for p in part_paths
     ]
-    path.parent.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(path.parent / f"{path.name}.lock"):
+        if (store := _opened(path, verify=True)) is not None:  # another build joined first
+            return store, StoreStats.from_manifest(path, store.manifest, built=False)
         stats = join_parts(stores, corpus, fingerprint, tokenizer, settings, path, start)
-    shutil.rmtree(folder.parent, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # other builds' parts may still be there
+        folder.parent.rmdir()
     return TokenStore.open(path, verify=False), stats
+
+
+def _partition_key(parts: list) -> str:
+    """A short hash of which files (or which corpora) each part reads."""
+    described = [[str(f) for f in _files_of(part)] for part in parts]
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:12]
+
+
+def _files_of(corpus) -> list:
+    if isinstance(corpus, ConcatCorpus):
+        return [f for part in corpus.parts for f in _files_of(part)]
+    return list(getattr(corpus, "files", None) or [corpus.describe()])
+
+
+def _opened(path: Path, verify: bool = False) -> TokenStore | None:
+    """The valid store at `path`, or None."""
+    try:
+        return TokenStore.open(path, verify=verify)
+    except StoreInvalidError:
+        return None
+
+
+def _wait(opened, folder: Path, timeout_s: float, poll_s: float, builder: str) -> TokenStore:
+    """`opened()` once it is not None; a part that failed anywhere (its `.error` file in
+    `folder`, written by the worker that met bad input) ends the wait with its error."""
+    deadline = time.monotonic() + timeout_s
+    while (store := opened()) is None:
+        for error in sorted(folder.glob("*.error")):
+            raise CorpusError(error.read_text())
+        if time.monotonic() > deadline:
+            raise StoreInvalidError(
+                f"waited {timeout_s:.0f} s for {builder} (parts in {folder}); check that every "
+                "rank of the job runs `make prepare` with the same settings, and its log"
+            )
+        time.sleep(poll_s)
+    return store
 
 
 def _build_parts(
@@ -177,12 +222,14 @@ def _build_parts(
     threads), or in this process when there is one part to build or one worker. Fresh processes
     start in a fraction of a second: they import only what tokenizing needs, where a spawned
     multiprocessing child would import this process's whole command (torch, Lightning)."""
-    todo = [(part, p) for part, p in zip(parts, paths, strict=True) if not _valid(p)]
+    todo = [(part, p) for part, p in zip(parts, paths, strict=True) if _opened(p) is None]
     if len(todo) < len(parts):
         log.info(
             "%d of the %d parts here were built before: reused", len(parts) - len(todo), len(parts)
         )
-    if len(todo) == 1 or (todo and workers == 1):
+    if not todo:
+        return
+    if len(todo) == 1 or workers == 1:
         for part, p in todo:
             _build_part(part, p, tokenizer, settings, chunk_mb)
         return
@@ -204,7 +251,6 @@ def _build_parts(
             job = p.parent / f"{p.name}.job"
             with atomic_path(job) as tmp:
                 tmp.write_bytes(pickle.dumps((part, str(tokenizer_file), settings, chunk_mb)))
-            p.with_suffix(".error").unlink(missing_ok=True)
             command = [sys.executable, "-m", "datamodules.store_parallel", str(job), str(p)]
             running.append((subprocess.Popen(command, env=env), p))
         while running:
@@ -238,32 +284,30 @@ def _reap(running: list[tuple[subprocess.Popen, Path]]) -> list[tuple[subprocess
 def _build_part(
     part, path: Path, tokenizer: Tokenizer, settings: StoreSettings, chunk_mb: float
 ) -> None:
-    """Build one part store (unless another process built it meanwhile)."""
+    """Build one part store (unless another process built it meanwhile); bad input is also
+    written to `<part>.error`, where the other ranks waiting for this part find it."""
     with exclusive_lock(path.parent / f"{path.name}.lock"):
-        if not _valid(path):  # the part's own fingerprint is not needed: its folder keys it
+        if _opened(path) is None:  # the part's fingerprint is not needed: its folder keys it
             label = f"part {path.name}"
-            build_store(part, tokenizer, settings, path, label, chunk_mb=chunk_mb, allow_empty=True)
+            try:
+                build_store(
+                    part, tokenizer, settings, path, label, chunk_mb=chunk_mb, allow_empty=True
+                )
+            except CorpusError as err:
+                path.with_suffix(".error").write_text(str(err))
+                raise
 
 
 def _worker(job: Path, path: Path) -> int:
-    """`python -m datamodules.store_parallel JOB PART`: build the part that JOB describes; bad
-    input is written to PART.error for the parent to raise."""
+    """`python -m datamodules.store_parallel JOB PART`: build the part that JOB describes (bad
+    input: exit status 3, the message in PART.error for the parent to raise)."""
     logging.basicConfig(level=logging.INFO, format=f"[{path.name}] %(message)s")
     part, tokenizer_file, settings, chunk_mb = pickle.loads(job.read_bytes())
     try:
         _build_part(part, path, Tokenizer.from_file(tokenizer_file), settings, chunk_mb)
-    except CorpusError as err:
-        path.with_suffix(".error").write_text(str(err))
+    except CorpusError:  # written to PART.error for the parent
         return 3
     return 0
-
-
-def _valid(path: Path) -> bool:
-    try:
-        TokenStore.open(path, verify=False)
-        return True
-    except StoreInvalidError:
-        return False
 
 
 def join_parts(

@@ -259,15 +259,16 @@ class PretrainModule(L.LightningModule):
         their own; created here, before the strategy moves the module to its device."""
         sources = getattr(self.trainer.datamodule, "source_names", None) or []
         if sources and not len(self.source_val_metrics):
-            for source in sources:
-                self.source_val_metrics[source] = torch.nn.ModuleDict(
+            self.source_names = list(sources)
+            for index in range(len(sources)):  # by index: any source name is a valid key
+                self.source_val_metrics[str(index)] = torch.nn.ModuleDict(
                     {name: MeanMetric() for name in self.metric_names()}
                 )
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         groups = [self.val_metrics]
         if VAL_SOURCE in batch:  # a mixture's validation batch, from one source
-            groups.append(list(self.source_val_metrics.values())[int(batch[VAL_SOURCE])])
+            groups.append(self.source_val_metrics[str(int(batch[VAL_SOURCE]))])
         for name, (value, count) in self.losses(batch).items():
             for metrics in groups:
                 if name in metrics and count > 0:
@@ -275,8 +276,8 @@ class PretrainModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_metrics("val", self.val_metrics)
-        for source, metrics in self.source_val_metrics.items():
-            self._log_metrics(f"val/{source}", metrics, prog_bar=False)
+        for index, metrics in self.source_val_metrics.items():
+            self._log_metrics(f"val/{self.source_names[int(index)]}", metrics, prog_bar=False)
 
     def _log_metrics(self, split: str, metrics: torch.nn.ModuleDict, prog_bar: bool = True) -> None:
         """Log and reset prediction-weighted means (MeanMetric.compute() reduces over

@@ -50,9 +50,13 @@ def launcher_rank() -> int:
 
 
 def launcher_world_size() -> int:
-    """The number of processes an external launcher (torchrun, SLURM) started, else 1."""
+    """The number of processes an external launcher (torchrun, `srun`) started, else 1. A
+    process of an `sbatch` script that `srun` did not start (no `SLURM_STEP_ID`) is alone,
+    whatever `SLURM_NTASKS` says."""
     if "WORLD_SIZE" in os.environ:
         return int(os.environ["WORLD_SIZE"])
+    if "SLURM_STEP_ID" not in os.environ:
+        return 1
     return int(os.environ.get("SLURM_NTASKS", "1"))
 
 

@@ -236,7 +236,10 @@ def test_the_shipped_mixture_config_and_its_fingerprint(sources):
         ({"weights": {"alpha": 1, "beta": 1, "gamma": 1}}, "unknown gamma"),
         ({"weights": {"alpha": 1, "beta": 0}}, r"data\.weights\.beta=0 is not a positive number"),
         ({"epochs": {"alpha": 1, "beta": float("nan")}}, r"data\.epochs\.beta=nan"),
-        ({"weights": {"alpha": 1, "beta": 1}, "epochs": {"alpha": 1, "beta": 1}}, "not both"),
+        (
+            {"weights": {"alpha": 1, "beta": 1}, "epochs": {"alpha": 1, "beta": 1}},
+            r"not both: to sample by epochs, add data\.weights=null",
+        ),
     ],
 )
 def test_bad_mixture_settings_name_the_key(sources, kwargs, message):

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -15,7 +16,7 @@ from datamodules.corpus import ConcatCorpus, CorpusError, EmbeddedCorpus, TextFi
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.run_stores import prepare_stores, store_settings
 from datamodules.store import MANIFEST, StoreInvalidError, TokenStore
-from datamodules.store_parallel import build_in_parallel, corpus_parts
+from datamodules.store_parallel import _partition_key, build_in_parallel, corpus_parts
 from tests.conftest import CLI_ENV, REPO
 
 
@@ -100,7 +101,7 @@ def test_the_parts_of_a_rank_that_stopped_are_reused(text_folder, wordpiece, tmp
     corpus = TextFilesCorpus(paths=str(text_folder / "*.txt"))
     settings = store_settings(MaskedLMObjective(), wordpiece)
     cache = tmp_path / "cache"
-    with pytest.raises(StoreInvalidError, match="the rank of part part-0001"):
+    with pytest.raises(StoreInvalidError, match="the rank that builds part-0001"):
         build_in_parallel(
             corpus, wordpiece, settings, cache, rank=0, ranks=2, wait_timeout_s=0.1, poll_s=0.05
         )
@@ -109,6 +110,54 @@ def test_the_parts_of_a_rank_that_stopped_are_reused(text_folder, wordpiece, tmp
     assert "1 of the 2 parts here were built before: reused" in caplog.text
     [one] = prepare_stores(corpus, wordpiece, MaskedLMObjective(), tmp_path / "one")
     assert manifest_files(one) == manifest_files(stats)
+
+
+def test_a_rank_without_parts_waits_and_a_failed_part_stops_every_rank(
+    text_folder, wordpiece, tmp_path
+):
+    """A corpus of one file is one part: rank 1 of 2 has none to build and waits for rank 0's
+    store (no crash). Bad input in rank 1's part stops rank 0 with its error at once, instead of
+    waiting for a part that will never come."""
+    settings = store_settings(MaskedLMObjective(), wordpiece)
+    one_file = TextFilesCorpus(paths=str(text_folder / "part1.txt"))
+    with pytest.raises(StoreInvalidError, match="waited 0 s for rank 0 to join the parts"):
+        build_in_parallel(
+            one_file,
+            wordpiece,
+            settings,
+            tmp_path / "a",
+            rank=1,
+            ranks=2,
+            wait_timeout_s=0.1,
+            poll_s=0.05,
+        )
+    _, built = build_in_parallel(one_file, wordpiece, settings, tmp_path / "a", rank=0, ranks=2)
+    _, seen = build_in_parallel(one_file, wordpiece, settings, tmp_path / "a", rank=1, ranks=2)
+    assert built.built and not seen.built and seen.path == built.path
+
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("First document here.\n\nSecond one, longer than the first.\n")
+    (folder / "b.txt").write_bytes(b"Good text.\n\nThen \xff broken.\n")
+    corpus = TextFilesCorpus(paths=str(folder / "*.txt"))
+    with pytest.raises(CorpusError, match=r"b\.txt: invalid UTF-8"):
+        build_in_parallel(corpus, wordpiece, settings, tmp_path / "b", rank=1, ranks=2)
+    started = time.monotonic()
+    with pytest.raises(CorpusError, match=r"b\.txt: invalid UTF-8"):
+        build_in_parallel(corpus, wordpiece, settings, tmp_path / "b", rank=0, ranks=2, poll_s=0.05)
+    assert time.monotonic() - started < 60
+
+
+def test_parts_cut_another_way_are_never_reused(tmp_path):
+    """5 files of 4:1:1:1:1 units cut for 5 and for 6 processes make 4 parts both times, of
+    other files: their folders differ, so one build never joins the other's parts."""
+    for i, size in enumerate([4, 1, 1, 1, 1]):
+        (tmp_path / f"f{i}.txt").write_text(("Some words here. " * 60 + "\n\n") * size)
+    corpus = TextFilesCorpus(paths=str(tmp_path / "*.txt"))
+    five, six = corpus_parts(corpus, 5), corpus_parts(corpus, 6)
+    assert len(five) == len(six) == 4
+    assert _partition_key(five) != _partition_key(six)
+    assert _partition_key(five) == _partition_key(corpus_parts(corpus, 5))
 
 
 def test_two_launcher_ranks_build_one_store(text_folder, tmp_path):
