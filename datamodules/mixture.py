@@ -217,8 +217,9 @@ class MixtureBatches(EpochBatches):
 class InterleavedBatches(Dataset):
     """Validation of a mixture: every source's validation batches in turn (the first of each
     source, then the second of each, ...), so that a run validating on its first batches only
-    (`trainer.limit_val_batches`) still sees every source; each batch is tagged with its source's index (`VAL_SOURCE`), so that the loss
-    is logged overall and per source. Keyed like `EpochBatches` by (epoch, batch index)."""
+    (`trainer.limit_val_batches`) still sees every source. Each batch is tagged with its
+    source's index (`VAL_SOURCE`), so that the loss is logged overall and per source. Keyed like
+    `EpochBatches` by (epoch, batch index)."""
 
     def __init__(self, sources: list[EpochBatches]) -> None:
         self.sources = sources

@@ -37,7 +37,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -220,10 +220,7 @@ def build_store(
                 rate = totals["text_bytes"] / 1e6 / (time.perf_counter() - start)
                 log.info("tokenized %.0f MB (%.1f MB/s)", totals["text_bytes"] / 1e6, rate)
         if totals["documents"] == 0 and not allow_empty:
-            raise CorpusError(
-                f"{corpus.describe()} yielded no text to tokenize ({totals['skipped_documents']} "
-                "empty documents); check data.paths and that the files hold text"
-            )
+            raise no_text(corpus, totals["skipped_documents"])
     if totals["skipped_documents"]:
         log.warning("%d documents produced no token and were skipped", totals["skipped_documents"])
     seconds = time.perf_counter() - start
@@ -479,20 +476,37 @@ class StoreWriter:
         }
 
 
+def no_text(corpus, skipped: int) -> CorpusError:
+    """The error of a corpus that yielded no document with any token (`skipped`: empty ones)."""
+    return CorpusError(
+        f"{corpus.describe()} yielded no text to tokenize ({skipped} empty documents); check "
+        "data.paths and that the files hold text"
+    )
+
+
 def wait_for_store(
-    path: Path, timeout_s: float, poll_s: float, builder: str = "rank 0", verify: bool = True
+    path: Path,
+    timeout_s: float,
+    poll_s: float,
+    *,
+    verify: bool = True,
+    builder: str = "rank 0 to build the token store",
+    hint: str = "Check rank 0's log, or build it first with `make prepare`",
+    failed: Callable[[], str | None] | None = None,
 ) -> TokenStore:
-    """The store at `path` once it is valid (`builder`: who builds it, for the error)."""
+    """The store at `path` once it is valid. `builder` and `hint` word the timeout's error;
+    `failed()`, asked while waiting, returns the message of a build that failed elsewhere
+    (raised as a CorpusError) or None."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return TokenStore.open(path, verify=verify)
         except StoreInvalidError as err:
+            if failed is not None and (message := failed()) is not None:
+                raise CorpusError(message) from None
             if time.monotonic() > deadline:
                 raise StoreInvalidError(
-                    f"waited {timeout_s:.0f} s for {builder} to build the token store, still "
-                    f"invalid: {err}. Check {builder}'s log, or build it first with "
-                    "`make prepare`"
+                    f"waited {timeout_s:.0f} s for {builder}, still invalid: {err}. {hint}"
                 ) from None
         time.sleep(poll_s)
 

@@ -6,13 +6,14 @@
 
 The corpus is cut into `ranks x workers` parts (`corpus_parts`): contiguous runs of its files,
 balanced by size, so that the parts' documents one after another are the corpus's documents in
-order. Rank r's workers tokenize parts r*W .. r*W+W-1, each into a part store of its own (the
-ordinary builder, `store_build.build_store`) under `<store>.parts/of-<N>/`, one process per part
-(a fresh interpreter each, with its share of the cores for the tokenizer's threads). Rank 0 then waits for
-every part and joins them (`join_parts`) into the store one process would have built: the token
+order. Rank r builds parts r, r + R, r + 2R, ... (R ranks), each into a part store of its own
+(the ordinary builder, `store_build.build_store`) under `<store>.parts/<N>-<how the files were
+cut>/`, one process per part, at most `workers` at once (a fresh interpreter each, with its
+share of the cores for the tokenizer's threads). Rank 0 then waits for every part and joins them (`join_parts`) into the store one process would have built: the token
 files are the parts' files one after another, the offsets shifted; so the same bytes, and the same
 cache key, which training finds on any number of nodes. The parts are removed after the join. A
-part already built (a rank or node that died, then a rerun) is reused.
+part already built (a rank or node that died, then a rerun that cuts the files the same way) is
+reused; bad input in any part stops every rank with that part's error.
 
 Several nodes need the cache on a file system they all see (`paths.cache_dir`); the ranks
 coordinate through it (each part's manifest, then the store's), with no process group. A corpus
@@ -44,6 +45,7 @@ from datamodules.corpus import ConcatCorpus, CorpusError
 from datamodules.store import (
     DOC_SENTENCES,
     DOCUMENTS,
+    OFFSET_DTYPE,
     SENTENCES,
     TOKENS,
     StoreInvalidError,
@@ -55,7 +57,9 @@ from datamodules.store_build import (
     StoreWriter,
     build_store,
     exclusive_lock,
+    no_text,
     store_path,
+    wait_for_store,
     write_manifest,
 )
 from tokenizer import atomic_path
@@ -154,12 +158,24 @@ def build_in_parallel(
         workers,
         chunk_mb,
     )
+    # a part that failed anywhere (its `.error` file, written where bad input was met) ends
+    # every wait with its error
+    waiting = {
+        "hint": "Check that every rank of the job runs `make prepare` with the same settings, "
+        f"and its log (parts in {folder})",
+        "failed": lambda: next((e.read_text() for e in sorted(folder.glob("*.error"))), None),
+    }
     if rank != 0:
-        store = _wait(lambda: _opened(path, verify=True), folder, wait_timeout_s, poll_s, _JOINER)
+        store = wait_for_store(path, wait_timeout_s, poll_s, builder=_JOINER, **waiting)
         return store, StoreStats.from_manifest(path, store.manifest, built=False)
     stores = [
-        _wait(
-            lambda p=p: _opened(p), folder, wait_timeout_s, poll_s, f"the rank that builds {p.name}"
+        wait_for_store(
+            p,
+            wait_timeout_s,
+            poll_s,
+            verify=False,
+            builder=f"the rank that builds {p.name}",
+            **waiting,
         )
         for p in part_paths
     ]
@@ -191,22 +207,6 @@ def _opened(path: Path, verify: bool = False) -> TokenStore | None:
         return TokenStore.open(path, verify=verify)
     except StoreInvalidError:
         return None
-
-
-def _wait(opened, folder: Path, timeout_s: float, poll_s: float, builder: str) -> TokenStore:
-    """`opened()` once it is not None; a part that failed anywhere (its `.error` file in
-    `folder`, written by the worker that met bad input) ends the wait with its error."""
-    deadline = time.monotonic() + timeout_s
-    while (store := opened()) is None:
-        for error in sorted(folder.glob("*.error")):
-            raise CorpusError(error.read_text())
-        if time.monotonic() > deadline:
-            raise StoreInvalidError(
-                f"waited {timeout_s:.0f} s for {builder} (parts in {folder}); check that every "
-                "rank of the job runs `make prepare` with the same settings, and its log"
-            )
-        time.sleep(poll_s)
-    return store
 
 
 def _build_parts(
@@ -330,31 +330,20 @@ def join_parts(
         for key in totals:
             totals[key] += part.manifest["counts"][key]
     if totals["documents"] == 0:
-        raise CorpusError(
-            f"{corpus.describe()} yielded no text to tokenize ({totals['skipped_documents']} "
-            "empty documents); check data.paths and that the files hold text"
-        )
+        raise no_text(corpus, totals["skipped_documents"])
     names = [TOKENS, DOCUMENTS] + ([SENTENCES, DOC_SENTENCES] if settings.sentences else [])
     path.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         writer = StoreWriter(path, names, stack)
         for name in names[1:]:
-            writer.write(name, np.zeros(1, np.int64))
+            writer.write(name, np.zeros(1, OFFSET_DTYPE))
         tokens = sentences = 0
         for part in parts:
-            _copy(writer, TOKENS, part, TOKENS, part.dtype, 0)
-            _copy(writer, DOCUMENTS, part, DOCUMENTS, np.dtype(np.int64), tokens, skip=1)
+            _copy(writer, part, TOKENS, 0)
+            _copy(writer, part, DOCUMENTS, tokens)
             if settings.sentences:
-                _copy(writer, SENTENCES, part, SENTENCES, np.dtype(np.int64), tokens, skip=1)
-                _copy(
-                    writer,
-                    DOC_SENTENCES,
-                    part,
-                    DOC_SENTENCES,
-                    np.dtype(np.int64),
-                    sentences,
-                    skip=1,
-                )
+                _copy(writer, part, SENTENCES, tokens)
+                _copy(writer, part, DOC_SENTENCES, sentences)
                 sentences += part.manifest["counts"]["sentences"]
             tokens += part.num_tokens
     seconds = time.perf_counter() - started
@@ -363,19 +352,13 @@ def join_parts(
     )
 
 
-def _copy(
-    writer: StoreWriter,
-    name: str,
-    part: TokenStore,
-    file: str,
-    dtype: np.dtype,
-    shift: int,
-    skip: int = 0,
-) -> None:
-    """Append a part's `file` (its first `skip` values left out, the rest plus `shift`) to the
-    store's `name`, read in blocks from the file (not through its memory map, whose pages would
-    count in this process's memory)."""
-    with open(part.path / file, "rb") as handle:
+def _copy(writer: StoreWriter, part: TokenStore, name: str, shift: int) -> None:
+    """Append a part's file `name` to the store's: its token ids as they are, or its offsets
+    plus `shift` without their leading 0 (the store's file already ends with that offset). Read
+    in blocks from the file, not through its memory map, whose pages would count in this
+    process's memory."""
+    dtype, skip = (part.dtype, 0) if name == TOKENS else (OFFSET_DTYPE, 1)
+    with open(part.path / name, "rb") as handle:
         handle.seek(skip * dtype.itemsize)
         while len(block := np.fromfile(handle, dtype=dtype, count=_COPY_ELEMENTS)):
             writer.write(name, block + shift if shift else block)

@@ -78,7 +78,8 @@ class PretrainModule(L.LightningModule):
         )
         self.val_metrics = torch.nn.ModuleDict({name: MeanMetric() for name in names})
         # a mixture's validation metrics per source (`setup`), logged as val/<source>/<name>
-        self.source_val_metrics = torch.nn.ModuleDict()
+        self.source_names: list[str] = []
+        self.source_val_metrics = torch.nn.ModuleList()
 
     # subclasses --------------------------------------------------------------------------------
 
@@ -260,15 +261,15 @@ class PretrainModule(L.LightningModule):
         sources = getattr(self.trainer.datamodule, "source_names", None) or []
         if sources and not len(self.source_val_metrics):
             self.source_names = list(sources)
-            for index in range(len(sources)):  # by index: any source name is a valid key
-                self.source_val_metrics[str(index)] = torch.nn.ModuleDict(
-                    {name: MeanMetric() for name in self.metric_names()}
+            for _ in sources:  # a list: any source name will do, none is a module's key
+                self.source_val_metrics.append(
+                    torch.nn.ModuleDict({name: MeanMetric() for name in self.metric_names()})
                 )
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         groups = [self.val_metrics]
         if VAL_SOURCE in batch:  # a mixture's validation batch, from one source
-            groups.append(self.source_val_metrics[str(int(batch[VAL_SOURCE]))])
+            groups.append(self.source_val_metrics[int(batch[VAL_SOURCE])])
         for name, (value, count) in self.losses(batch).items():
             for metrics in groups:
                 if name in metrics and count > 0:
@@ -276,8 +277,8 @@ class PretrainModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_metrics("val", self.val_metrics)
-        for index, metrics in self.source_val_metrics.items():
-            self._log_metrics(f"val/{self.source_names[int(index)]}", metrics, prog_bar=False)
+        for source, metrics in zip(self.source_names, self.source_val_metrics, strict=True):
+            self._log_metrics(f"val/{source}", metrics, prog_bar=False)
 
     def _log_metrics(self, split: str, metrics: torch.nn.ModuleDict, prog_bar: bool = True) -> None:
         """Log and reset prediction-weighted means (MeanMetric.compute() reduces over
