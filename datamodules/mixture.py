@@ -239,6 +239,15 @@ class InterleavedBatches(Dataset):
         return batch | {VAL_SOURCE: np.array(s, dtype=np.int64)}
 
 
+def resume_overrides(spec: dict[str, Any]) -> str:
+    """The overrides that give a run the sampling of `spec` (`MixtureCorpus.spec`), whichever
+    of weights and epochs the config it is added to sets: the other is nulled, and the whole
+    mapping is given (a dotted key into a null mapping is refused by Hydra)."""
+    other = "epochs" if spec["by"] == "weights" else "weights"
+    pairs = ", ".join(f"{n}: {a:g}" for n, a in zip(spec["sources"], spec["amounts"], strict=True))
+    return f"data.{other}=null 'data.{spec['by']}={{{pairs}}}'"
+
+
 def mixture_changed(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> str:
     """Why a run cannot resume the data position of a checkpoint sampled another way."""
 
@@ -252,14 +261,7 @@ def mixture_changed(saved: dict[str, Any] | None, now: dict[str, Any] | None) ->
 
     fix = "resume with the checkpoint's data settings"
     if saved is not None:
-        fix += (
-            " ("
-            + " ".join(
-                f"data.{saved['by']}.{n}={a:g}"
-                for n, a in zip(saved["sources"], saved["amounts"], strict=True)
-            )
-            + ")"
-        )
+        fix += f" (add {resume_overrides(saved)})"
     return (
         f"cannot resume the data position: the checkpoint sampled {said(saved)}, this run "
         f"{said(now)}, and the position means nothing under other weights. {fix}; or train "

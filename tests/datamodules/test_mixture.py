@@ -4,6 +4,7 @@ mix sources, per-source validation, exact resume, reweighting refused, errors na
 from __future__ import annotations
 
 import random
+import shlex
 
 import numpy as np
 import pytest
@@ -11,7 +12,13 @@ from hydra.utils import instantiate
 
 from datamodules.batches import DataSetupError, merge_batches
 from datamodules.corpus import CorpusError, TextFilesCorpus
-from datamodules.mixture import VAL_SOURCE, MixtureBatches, MixtureCorpus, blend
+from datamodules.mixture import (
+    VAL_SOURCE,
+    MixtureBatches,
+    MixtureCorpus,
+    blend,
+    resume_overrides,
+)
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from datamodules.run_stores import prepare_stores
@@ -198,7 +205,9 @@ def test_resuming_under_other_weights_is_refused(sources, tokenizer, tmp_path):
     other = datamodule(
         MixtureCorpus(sources, weights={"alpha": 0.5, "beta": 0.5}), tokenizer, tmp_path
     )
-    with pytest.raises(DataSetupError, match=r"data\.weights\.alpha=0\.8 data\.weights\.beta=0\.2"):
+    with pytest.raises(
+        DataSetupError, match=r"add data\.epochs=null 'data\.weights=\{alpha: 0\.8, beta: 0\.2\}'"
+    ):
         other.load_state_dict(state)
     single = datamodule(sources["alpha"], tokenizer, tmp_path)
     with pytest.raises(DataSetupError, match="sampled a mixture by weights"):
@@ -227,6 +236,27 @@ def test_the_shipped_mixture_config_and_its_fingerprint(sources):
     assert isinstance(corpus.sources["wikitext2"], TextFilesCorpus)
     changed = dict(sources, beta=ListCorpus(documents("beta", 40, 3)))
     assert MixtureCorpus(sources).fingerprint() != MixtureCorpus(changed).fingerprint()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"sources": ["wikitext2", "glue_texts"], "by": "weights", "amounts": [0.3, 0.7]},
+        {"sources": ["wikitext2", "glue_texts"], "by": "epochs", "amounts": [1.0, 3.0]},
+    ],
+)
+@pytest.mark.parametrize("run_by", ["weights", "epochs"])
+def test_the_resume_hint_gives_the_checkpoints_sampling_when_pasted(spec, run_by):
+    """`resume_overrides`, added after a run's own overrides (by weights or by epochs), composes
+    to the checkpoint's sampling: no dotted key into a mapping the config left null."""
+    own = (
+        ["data.weights=null", "data.epochs={wikitext2: 2, glue_texts: 1}"]
+        if run_by == "epochs"
+        else []
+    )
+    hint = shlex.split(resume_overrides(spec))
+    corpus = instantiate(compose_pretrain("data=mixture", *own, *hint).data)
+    assert corpus.spec() == spec
 
 
 @pytest.mark.parametrize(

@@ -404,7 +404,7 @@ def test_killed_mixture_run_resumes_exactly_and_so_do_its_sources_counts(tmp_pat
         tmp_path, *reweighted, "trainer.max_steps=60", "run_name=mixture-killed", "resume=auto"
     )
     assert refused.returncode != 0
-    assert "data.weights.alpha=0.7 data.weights.beta=0.3" in refused.stderr
+    assert "add data.epochs=null 'data.weights={alpha: 0.7, beta: 0.3}'" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
 
