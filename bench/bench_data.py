@@ -17,6 +17,8 @@ against the mini models' training-step rate.
 2. DataLoader: batches/s of the training loader for BERT (NSP pairs, dynamic masking, seq 128,
    batch 32) and GPT (packed windows, seq 256, batch 16) with 0 and 2 workers, after the first
    batch (worker start-up excluded).
+   The same with `datamodule.streaming=true` (no store: the workers read and tokenize the
+   text as they go, datamodules/stream_read.py), and the seconds to its first batch.
 3. Mini models: fwd + bwd + AdamW steps/s of BERT-mini and GPT-mini (models/) on the same
    batches, on `--device` (CUDA when present, else this CPU). Target: the loader's batches/s
    >= 20x the training-step rate.
@@ -80,6 +82,7 @@ SIZES = {
 PARALLEL_FILES = 8  # files the documents are written to for the parallel build
 # Targets of issue 8: store MB/s / encode_batch MB/s, loader batches/s / mini-model steps/s.
 STORE_TARGET, LOADER_TARGET = 0.70, 20.0
+STREAM_BLOCK_MB = 0.25  # text per streamed block in the loader rows (a run's default: 4)
 
 
 def load_corpus(choice: str):
@@ -150,18 +153,46 @@ def as_files(docs: list[str], folder: Path, count: int) -> TextFilesCorpus:
 
 
 def bench_loader(dm: PretrainDataModule, workers: int, batches: int) -> dict:
-    """batches/s of the training loader after its first batch."""
+    """batches/s of the training loader after its first batch (and, streaming, the seconds
+    to that batch: worker start-up and the first block's tokenization)."""
     dm.num_workers = workers
+    start = time.perf_counter()
     loader = dm.train_dataloader()
     iterator = iter(loader)
     next(iterator)  # worker start-up and first epoch's instances are not steady state
-    count = min(batches, len(loader) - 1)
+    first_s = time.perf_counter() - start
+    count = batches if dm.stream is not None else min(batches, len(loader) - 1)
     start = time.perf_counter()
     for _ in range(count):
         next(iterator)
     seconds = time.perf_counter() - start
     del iterator
-    return {"workers": workers, "batches": count, "batches_per_s": count / seconds}
+    return {
+        "workers": workers,
+        "batches": count,
+        "batches_per_s": count / seconds,
+        "first_batch_s": first_s,
+    }
+
+
+def bench_streaming(corpus, tokenizer, objective, cache: str, batches: int) -> list[dict]:
+    """`bench_loader` of a streamed run's loader with 0 and 2 workers (each a new datamodule:
+    the workers are the stream's readers)."""
+    rows = []
+    for workers in (0, 2):
+        dm = PretrainDataModule(
+            corpus,
+            tokenizer,
+            objective,
+            cache,
+            val_fraction=0.0,
+            streaming=True,
+            shuffle_buffer_mb=STREAM_BLOCK_MB,
+            num_workers=workers,
+        )
+        dm.setup("fit")
+        rows.append(bench_loader(dm, workers, 3 * batches))
+    return rows
 
 
 def mini_model_step(
@@ -243,6 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
         dm = PretrainDataModule(corpus, tokenizer, objective, cache.name, val_fraction=0.0)
         dm.setup("fit")
         row["loader"] = [bench_loader(dm, workers, args.batches) for workers in (0, 2)]
+        row["streaming"] = bench_streaming(corpus, tokenizer, objective, cache.name, args.batches)
         dm.num_workers = 0
         sample = [batch for batch, _ in zip(dm.train_dataloader(), range(4), strict=False)]
         row["mini_model"] = mini_model_step(
@@ -254,6 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
             preset=args.size,
         )
         row["best_loader_batches_per_s"] = max(r["batches_per_s"] for r in row["loader"])
+        row["best_streaming_batches_per_s"] = max(r["batches_per_s"] for r in row["streaming"])
         row["loader_vs_model_steps"] = (
             row["best_loader_batches_per_s"] / row["mini_model"]["steps_per_s"]
         )
@@ -301,6 +334,16 @@ def figures(report: dict) -> list[dict]:
                 at_least=LOADER_TARGET,
             )
         )
+        rows.append(
+            figure(
+                "data",
+                f"{name} streaming loader batches/s vs model steps/s",
+                row["best_streaming_batches_per_s"],
+                row["mini_model"]["steps_per_s"],
+                "per s",
+                at_least=LOADER_TARGET,
+            )
+        )
     return rows
 
 
@@ -324,6 +367,8 @@ def table(report: dict) -> str:
                 f"{store['parallel_text_mb']:.0f} MB: {rates['files_1_process']:.2f} / "
                 f"{rates['files_2_processes']:.2f} ({store['two_processes_vs_one']:.2f}x)",
                 " / ".join(number(r["batches_per_s"]) for r in row["loader"]),
+                " / ".join(number(r["batches_per_s"]) for r in row["streaming"])
+                + f" (first {row['streaming'][1]['first_batch_s']:.1f} s)",
                 f"{row['mini_model']['steps_per_s']:.2f}",
                 f"{row['loader_vs_model_steps']:,.0f}x",
             ]
@@ -337,6 +382,7 @@ def table(report: dict) -> str:
         "store / encode_batch",
         f"store MB/s, {PARALLEL_FILES} files: 1 / 2 processes",
         "loader batches/s (0 / 2 workers)",
+        "streaming batches/s (0 / 2 workers)",
         "model step/s",
         "loader / step",
     ]

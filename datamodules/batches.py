@@ -28,16 +28,20 @@ GPT (`GPTBatches`), T = objective.seq_len:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+from tokenizers import Tokenizer
 from torch.utils.data import Dataset
 
-from datamodules.masking import MLMMasker
+from datamodules.masking import MLMMasker, continuation_table
 from datamodules.nsp import LABEL, NO_PAIR, InstanceBuilder
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.packing import PackedStream, document_ids
 from datamodules.sharding import ShardPlan, TooFewDocuments
 from datamodules.store import TokenStore
-from tokenizer import SpecialIds
+from tokenizer import SpecialIds, special_ids
+from tokenizer.token_bytes import token_byte_counts
 
 TRAIN, VAL = 0, 1  # split tags mixed into every seed, so the two never share randomness
 SPLIT_NAMES = ("training", "validation")
@@ -424,6 +428,41 @@ class GPTBatches(EpochBatches):
 
     def item_tokens(self) -> float:
         return float(self.objective.seq_len)
+
+
+class BatchMaker:
+    """Makes a split's batches of a store for an objective: GPT windows, or BERT NSP instances
+    with MLM masks. Picklable (streaming's loader workers make their blocks' batches with it).
+
+    Args:
+        tokenizer: the run's tokenizer (special ids, vocabulary size, word continuations for
+            whole-word masking, bytes per token for bits per byte).
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.special = special_ids(tokenizer)
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def _continuation(self) -> np.ndarray:
+        return continuation_table(self.tokenizer)
+
+    @functools.cached_property
+    def _token_bytes(self) -> np.ndarray | None:
+        return token_byte_counts(self.tokenizer)
+
+    def __call__(
+        self, store: TokenStore, documents: np.ndarray, objective, **shard
+    ) -> EpochBatches:
+        """`store`'s `documents` as batches of `objective`; `shard`: `EpochBatches`'s keywords."""
+        if isinstance(objective, CausalLMObjective):
+            # validation batches count the bytes of text they predict (for bits per byte)
+            counts = self._token_bytes if shard["split"] == VAL else None
+            return GPTBatches(store, documents, objective, token_bytes=counts, **shard)
+        continuation = self._continuation if objective.whole_word_masking else None
+        masker = MLMMasker(objective, self.special, self.vocab_size, continuation)
+        return BertBatches(store, documents, objective, masker, self.special, **shard)
 
 
 def too_few_documents(

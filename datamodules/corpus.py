@@ -18,6 +18,7 @@ Sources:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob as globlib
 import gzip
@@ -475,3 +476,18 @@ class ConcatCorpus:
 
     def describe(self) -> str:
         return " + ".join(part.describe() for part in self.parts)
+
+
+def file_pieces(corpus) -> list[tuple[Any, int]]:
+    """(corpus of one file, its size in bytes) for each file of `corpus` in reading order: their
+    documents one after another are the corpus's. A corpus not read from files (embedded, a
+    Hugging Face dataset, GLUE texts) is one piece of unknown size (counted as 1 MB)."""
+    if isinstance(corpus, ConcatCorpus):
+        return [piece for part in corpus.parts for piece in file_pieces(part)]
+    files = getattr(corpus, "files", None)
+    if not files or len(files) == 1:
+        return [(corpus, sum(os.path.getsize(f) for f in files) if files else 1 << 20)]
+    # the path as a glob that matches just that file, whatever characters its name holds
+    return [
+        (dataclasses.replace(corpus, paths=[globlib.escape(f)]), os.path.getsize(f)) for f in files
+    ]

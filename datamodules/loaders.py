@@ -3,6 +3,11 @@ and restores it with the loader's state (exact resume), and the step loader repl
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import os
+import signal
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +19,23 @@ from torch.utils.data import DataLoader
 
 def _keep(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return batch  # the dataset's items are already whole batches
+
+
+_PR_SET_PDEATHSIG = 1  # prctl option: the signal a process gets when its parent dies
+
+
+def die_with_parent(parent: int, worker_id: int) -> None:
+    """A loader worker's start (its `worker_init_fn`, with the training process's pid): on
+    Linux it asks the kernel for SIGKILL when that process dies, so that a run killed with
+    SIGKILL leaves no worker behind (torch's workers notice a dead parent only between batches,
+    and one blocked sending a batch waits forever, holding its memory and the run's output
+    pipes)."""
+    if not sys.platform.startswith("linux"):
+        return
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        return  # not granted: the worker ends as torch's own check notices
+    if os.getppid() != parent:  # the parent died before the request was made
+        os._exit(1)
 
 
 class BatchLoader(DataLoader):
@@ -28,6 +50,10 @@ class BatchLoader(DataLoader):
 
     pin: bool = False
     micro_batches: int = 1  # batches per dataset item
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("worker_init_fn", functools.partial(die_with_parent, os.getpid()))
+        super().__init__(*args, **kwargs)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for item in super().__iter__():

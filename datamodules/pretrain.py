@@ -24,16 +24,15 @@ optimizer step count is in. Validation batches are the first phase's throughout,
 validation curve stays comparable across a switch.
 
 Which stores a run reads, and building them ahead of training (`make prepare`), are in
-`datamodules.run_stores`.
+`datamodules.run_stores`. With `streaming=True` there is no store: the loader's workers read and
+tokenize the corpus as training goes (`datamodules.stream_read`, `datamodules.stream_loader`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -44,26 +43,23 @@ from tokenizers import Tokenizer
 from datamodules.batches import (
     TRAIN,
     VAL,
-    BertBatches,
+    BatchMaker,
     DataSetupError,
     EpochBatches,
-    GPTBatches,
     StepBatches,
     require_pairs,
     require_window,
     too_few_documents,
 )
-from datamodules.corpus import CorpusError
 from datamodules.loaders import BatchLoader, PositionLoader, _keep
-from datamodules.masking import MLMMasker, continuation_table
 from datamodules.mixture import InterleavedBatches, MixtureBatches, MixtureCorpus, mixture_changed
 from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective, Phase, phase_plan
-from datamodules.run_stores import check_ranks_agree, corpora_of, prepare_stores, store_settings
-from datamodules.sharding import EpochSampler, TooFewDocuments, split_documents
+from datamodules.run_stores import RunStores, corpora_of, prepare_stores, store_settings
+from datamodules.sharding import EpochSampler, TooFewDocuments, process_place, split_documents
 from datamodules.store import StoreStats, TokenStore
-from datamodules.store_build import open_or_build_store, store_path
+from datamodules.store_build import open_or_build_store
+from datamodules.stream_loader import StreamedData, StreamLoader
 from tokenizer import SpecialIds, special_ids
-from tokenizer.token_bytes import token_byte_counts
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +88,9 @@ class PretrainDataModule(L.LightningDataModule):
         persistent_workers: keep workers alive between epochs (with num_workers > 0).
         chunk_mb: text per tokenization chunk when building a store (bounds memory).
         wait_timeout_s: how long ranks other than 0 wait for rank 0 to build a store.
+        streaming: read and tokenize the corpus on the fly in the loader workers instead of
+            from a token store (`datamodules.stream_read`).
+        shuffle_buffer_mb: streaming: text per shuffled block, in MB.
         rank, world_size: this process's shard outside a Trainer (inside one, the Trainer's
             global rank and world size are used); default: torch.distributed, else 0 of 1.
     """
@@ -113,6 +112,8 @@ class PretrainDataModule(L.LightningDataModule):
         persistent_workers: bool = False,
         chunk_mb: float = 4.0,
         wait_timeout_s: float = 6 * 3600,
+        streaming: bool = False,
+        shuffle_buffer_mb: float = 4.0,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -143,15 +144,36 @@ class PretrainDataModule(L.LightningDataModule):
             )
         self.phase = 0  # the phase of the current (or next) training epoch
         self.pin_memory = pin_memory
-        self.persistent_workers = persistent_workers and num_workers > 0
+        # a stream's loader is iterated once: its workers live as long as the run
+        self.persistent_workers = persistent_workers and num_workers > 0 and not streaming
         self.chunk_mb = chunk_mb
-        self.wait_timeout_s = wait_timeout_s
         self._rank, self._world_size = rank, world_size
         self.settings = store_settings(objective, tokenizer)
         self.special: SpecialIds = special_ids(tokenizer)
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.stats: list[StoreStats] = []
-        self._stores: dict[Path, TokenStore] = {}  # opened stores, by path
+        self.make_batches = BatchMaker(tokenizer)
+        self.stream = None
+        if streaming:
+            if self.mixture is not None or len(self.phases) > 1:
+                raise DataSetupError(
+                    "datamodule.streaming=true reads one corpus with one batch layout: not "
+                    "data=mixture or objective.phases (not supported yet); drop one of them"
+                )
+            self.stream = StreamedData(
+                corpus,
+                tokenizer,
+                self.settings,
+                objective,
+                seed=seed,
+                micro_batches=micro_batches,
+                num_workers=num_workers,
+                val_fraction=val_fraction if val_corpus is None else 0.0,
+                block_mb=shuffle_buffer_mb,
+                pairs=self._pairs,
+            )
+        self.stores = RunStores(
+            tokenizer, self.settings, cache_dir, self.mixture, chunk_mb, wait_timeout_s
+        )
         self.store: TokenStore | None = None
         self.train_documents = self.val_documents = np.empty(0, dtype=np.int64)
         # per source (one for a single corpus): (store, training documents)
@@ -162,6 +184,11 @@ class PretrainDataModule(L.LightningDataModule):
         self._samplers: list[EpochSampler] = []
         self._loader: PositionLoader | None = None
         self._pending: dict[str, Any] | None = None
+
+    @property
+    def stats(self) -> list[StoreStats]:
+        """Stats of the stores opened or built (training first)."""
+        return self.stores.stats
 
     @property
     def train_set(self) -> EpochBatches | None:
@@ -180,8 +207,13 @@ class PretrainDataModule(L.LightningDataModule):
     # Lightning hooks -------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        """Build the stores (Lightning calls this on local rank 0 before `setup`)."""
-        self.stats = prepare_stores(
+        """Build the stores (Lightning calls this on local rank 0 before `setup`); a stream
+        has none, but a separate validation corpus."""
+        if self.stream is not None:  # no gathering here: the other ranks wait at a barrier
+            if self.val_corpus is not None:
+                open_or_build_store(self.val_corpus, self.tokenizer, self.settings, self.cache_dir)
+            return
+        self.stores.stats = prepare_stores(
             self.corpus,
             self.tokenizer,
             self.objective,
@@ -194,13 +226,16 @@ class PretrainDataModule(L.LightningDataModule):
         """Open the stores, split the documents and build this rank's datasets (once)."""
         if self.train_sets:
             return
-        rank, world_size, builder = self._ranks()
+        rank, world_size, builder = process_place(self.trainer, self._rank, self._world_size)
         shard = {"rank": rank, "world_size": world_size, "seed": self.seed}
+        if self.stream is not None:
+            self._setup_stream(shard, builder)
+            return
         splits = []  # per source: (store, training documents, validation store, documents)
         for corpus in corpora_of(self.corpus):
-            train_store = self._open(corpus, builder)
+            train_store = self.stores.open(corpus, builder)
             if self.val_corpus is not None:
-                val_store = self._open(self.val_corpus, builder)
+                val_store = self.stores.open(self.val_corpus, builder)
                 train_docs = np.arange(train_store.num_documents)
                 val_docs = np.arange(val_store.num_documents)
             else:
@@ -211,13 +246,17 @@ class PretrainDataModule(L.LightningDataModule):
         self.source_splits = [(store, docs) for store, docs, _, _ in splits]
         first = self.phases[0].objective
         val = {"split": VAL, "shuffle": False, **shard}
-        val_sets = [self._batches(st, docs, first, **val) for _, _, st, docs in splits if len(docs)]
+        val_sets = [
+            self.make_batches(st, docs, first, **val) for _, _, st, docs in splits if len(docs)
+        ]
         if val_sets:
             self.val_set = val_sets[0] if self.mixture is None else InterleavedBatches(val_sets)
         for phase in self.phases:
             train = {"split": TRAIN, "shuffle": True, **shard}
             if self.mixture is None:
-                batches = self._batches(self.store, self.train_documents, phase.objective, **train)
+                batches = self.make_batches(
+                    self.store, self.train_documents, phase.objective, **train
+                )
             else:
                 batches = self._mixture_batches(phase.objective, train)
             self.train_sets.append(batches)
@@ -240,8 +279,11 @@ class PretrainDataModule(L.LightningDataModule):
         if self._pending is not None:
             self._apply(self._pending)
 
-    def train_dataloader(self) -> PositionLoader:
+    def train_dataloader(self) -> PositionLoader | StreamLoader:
         self._require_setup()
+        if self.stream is not None:
+            self._loader = self.stream.loader(self, self.pin_memory and torch.cuda.is_available())
+            return self._loader
         self._enter_phase()
         self._loader = self._loader_for(self.train_steps, self._sampler, PositionLoader)
         self._loader.micro_batches = self.micro_batches
@@ -258,7 +300,9 @@ class PretrainDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The training position: epoch, optimizer steps done in it, and what fixes the
         batches."""
-        epoch, step = self._position()
+        epoch, step = self.position()
+        if self.stream is not None:
+            return {"version": STATE_VERSION, "streaming": self.stream.state_dict(step)}
         return {
             "version": STATE_VERSION,
             "phase": self.phase,
@@ -273,7 +317,15 @@ class PretrainDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from `state_dict()`: the next training epoch starts at its position."""
-        if not self.train_sets:
+        if ("streaming" in state_dict) != (self.stream is not None):
+            saved = "streamed" if "streaming" in state_dict else "read from a token store"
+            raise DataSetupError(
+                f"cannot resume the data position: the checkpoint's data was {saved}; resume with "
+                f"datamodule.streaming={str('streaming' in state_dict).lower()}, or start afresh"
+            )
+        if self.stream is not None:
+            self.stream.load_state_dict(state_dict["streaming"])
+        elif not self.train_sets:
             self._pending = dict(state_dict)
         else:
             self._apply(state_dict)
@@ -295,12 +347,16 @@ class PretrainDataModule(L.LightningDataModule):
         Raises:
             DataSetupError: naming how many documents or tokens the run needs and why.
         """
+        if self.stream is not None:  # validation held out, then the first block
+            self.stream.setup(0, world_size, validate=self.val_corpus is None)
+            self.stream.first_step()
+            return
         if self.val_corpus is not None:
             return
         for corpus in corpora_of(self.corpus):
-            store = self._open(corpus, may_build=True)
+            store = self.stores.open(corpus, may_build=True)
             train_docs, _ = self._split(store, world_size, corpus)
-            with self._naming(corpus):
+            with self.stores.naming(corpus):
                 if self._pairs:
                     require_pairs(TRAIN, np.diff(store.doc_sentences)[train_docs])
                 if isinstance(self.objective, CausalLMObjective):
@@ -311,10 +367,14 @@ class PretrainDataModule(L.LightningDataModule):
     def training_documents(self, world_size: int = 1) -> Iterator[np.ndarray]:
         """The token ids of every training document, in store order, the validation documents
         held out as `setup` holds them out for `world_size` processes (the store is built if
-        it is not in the cache). What counting models of the run's corpus count (a mixture's
-        sources one after another, each once, whatever its weight)."""
+        it is not in the cache; a stream's are tokenized as they are read). What counting
+        models of the run's corpus count (a mixture's sources one after another, each once,
+        whatever its weight)."""
+        if self.stream is not None:
+            yield from self.stream.training_documents(world_size)
+            return
         for corpus in corpora_of(self.corpus):
-            store = self._open(corpus, may_build=True)
+            store = self.stores.open(corpus, may_build=True)
             if self.val_corpus is not None:
                 documents = np.arange(store.num_documents)
             else:
@@ -323,6 +383,9 @@ class PretrainDataModule(L.LightningDataModule):
 
     def train_document_tokens(self) -> Iterator[np.ndarray]:
         """The token ids of this run's training documents, after `setup` (every source's)."""
+        if self.stream is not None:
+            yield from self.stream.training_documents()
+            return
         for store, documents in self.source_splits:
             yield from (store.document(int(i)) for i in documents)
 
@@ -332,25 +395,15 @@ class PretrainDataModule(L.LightningDataModule):
         batches = self.train_set
         if not isinstance(batches, MixtureBatches):
             return {}
-        epoch, steps = self._position()
+        epoch, steps = self.position()
         return batches.progress(self.source_names, epoch, steps * self.micro_batches)
-
-    @contextlib.contextmanager
-    def _naming(self, corpus) -> Iterator[None]:
-        """Errors about one source of a mixture name the source (`data.sources.<name>`)."""
-        if self.mixture is None:
-            yield
-            return
-        name = next(n for n, c in self.mixture.sources.items() if c is corpus)
-        try:
-            yield
-        except (CorpusError, DataSetupError) as err:
-            raise type(err)(f"data.sources.{name}: {err}") from None
 
     def _mixture_batches(self, objective: Objective, shard: dict[str, Any]) -> MixtureBatches:
         """A mixture's training batches of `objective`: every source's items, unsharded."""
         whole = shard | {"rank": 0, "world_size": 1}
-        sources = [self._batches(st, docs, objective, **whole) for st, docs in self.source_splits]
+        sources = [
+            self.make_batches(st, docs, objective, **whole) for st, docs in self.source_splits
+        ]
         per_epoch = self.mixture.items_per_epoch([s.plan.num_items for s in sources])
         for name, count, source in zip(self.source_names, per_epoch, sources, strict=True):
             log.info(
@@ -361,6 +414,17 @@ class PretrainDataModule(L.LightningDataModule):
                 count / source.plan.num_items,
             )
         return MixtureBatches(sources, per_epoch, self.special.pad, objective.batch_size, **shard)
+
+    def _setup_stream(self, shard: dict[str, Any], builder: bool) -> None:
+        """A streamed run's stream and validation batches (held out, or val_corpus's)."""
+        val_store = self.stream.setup(shard["rank"], shard["world_size"], self.val_corpus is None)
+        if self.val_corpus is not None:
+            val_store = self.stores.open(self.val_corpus, builder)
+        if val_store is not None:
+            self.val_documents = np.arange(val_store.num_documents)
+            val = {"split": VAL, "shuffle": False, **shard}
+            self.val_set = self.make_batches(val_store, self.val_documents, self.objective, **val)
+        self.train_sets = [self.stream.dataset]
 
     def _split(self, store: TokenStore, world_size: int, corpus) -> tuple[np.ndarray, np.ndarray]:
         """(training, validation) documents of `store`, when there is no validation corpus."""
@@ -388,57 +452,8 @@ class PretrainDataModule(L.LightningDataModule):
                 val_fraction=self.val_fraction,
                 seq_len=self.phases[0].objective.seq_len,
             )
-            with self._naming(corpus):
+            with self.stores.naming(corpus):
                 raise DataSetupError(message) from None
-
-    def _ranks(self) -> tuple[int, int, bool]:
-        """(rank, world size, whether this process may build stores)."""
-        trainer = self.trainer
-        if trainer is not None:
-            return trainer.global_rank, trainer.world_size, trainer.local_rank == 0
-        if self._rank is not None:
-            return self._rank, self._world_size or 1, self._rank == 0
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            rank = torch.distributed.get_rank()
-            local = int(os.environ.get("LOCAL_RANK", rank))
-            return rank, torch.distributed.get_world_size(), local == 0
-        return 0, 1, True
-
-    def _open(self, corpus, may_build: bool) -> TokenStore:
-        with self._naming(corpus):
-            return self._open_store(corpus, may_build)
-
-    def _open_store(self, corpus, may_build: bool) -> TokenStore:
-        fingerprint = corpus.fingerprint()
-        path = store_path(fingerprint, self.tokenizer, self.settings, self.cache_dir)
-        check_ranks_agree(path)
-        if path in self._stores:  # opened by `check_documents`: verified once is enough
-            return self._stores[path]
-        store, stats = open_or_build_store(
-            corpus,
-            self.tokenizer,
-            self.settings,
-            self.cache_dir,
-            may_build=may_build,
-            chunk_mb=self.chunk_mb,
-            wait_timeout_s=self.wait_timeout_s,
-            fingerprint=fingerprint,
-        )
-        if not any(s.path == stats.path for s in self.stats):
-            self.stats.append(stats)
-        self._stores[path] = store
-        return store
-
-    def _batches(
-        self, store: TokenStore, documents: np.ndarray, objective: Objective, **shard
-    ) -> EpochBatches:
-        if isinstance(objective, CausalLMObjective):
-            # validation batches count the bytes of text they predict (for bits per byte)
-            counts = token_byte_counts(self.tokenizer) if shard["split"] == VAL else None
-            return GPTBatches(store, documents, objective, token_bytes=counts, **shard)
-        continuation = continuation_table(self.tokenizer) if objective.whole_word_masking else None
-        masker = MLMMasker(objective, self.special, self.vocab_size, continuation)
-        return BertBatches(store, documents, objective, masker, self.special, **shard)
 
     def _steps_done(self) -> int | None:
         """Optimizer steps the run has made (None outside a Trainer's fit)."""
@@ -477,14 +492,17 @@ class PretrainDataModule(L.LightningDataModule):
         loader.pin = self.pin_memory and torch.cuda.is_available()
         return loader
 
-    def _position(self) -> tuple[int, int]:
-        """(epoch, optimizer steps of it consumed by training)."""
+    def position(self) -> tuple[int, int]:
+        """(epoch, optimizer steps of it consumed by training; a stream's count all its steps)."""
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == "fit":
             # Lightning fetches one batch ahead, so count the batches the loop has processed
             # (an internal that pipeline/training/lightning_compat.INTERNALS lists for its check).
-            done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            progress = trainer.fit_loop.epoch_loop.batch_progress
+            done = (progress.total if self.stream is not None else progress.current).processed
             return trainer.current_epoch, done // self.micro_batches
+        if self.stream is not None:
+            return 0, self.stream.position.handed if self.stream.position else 0
         if self._loader is not None:
             return self._loader.position
         if self._pending is not None:

@@ -3,17 +3,21 @@ building them ahead of training (`make prepare`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from tokenizers import Tokenizer
 
+from datamodules.batches import DataSetupError
+from datamodules.corpus import CorpusError
 from datamodules.mixture import MixtureCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective
-from datamodules.store import StoreSettings, StoreStats
-from datamodules.store_build import open_or_build_store
+from datamodules.store import StoreSettings, StoreStats, TokenStore
+from datamodules.store_build import open_or_build_store, store_path
 from datamodules.store_parallel import build_in_parallel
 from tokenizer import special_ids, tokenizer_kind
 
@@ -75,6 +79,72 @@ def prepare_stores(
 def corpora_of(corpus) -> list:
     """The corpora a run reads, each into its own store: a mixture's sources, or the corpus."""
     return list(corpus.sources.values()) if isinstance(corpus, MixtureCorpus) else [corpus]
+
+
+class RunStores:
+    """Opens the stores of a run's corpora, once each: reused, built (when this process may
+    build), or waited for; `stats` lists them. Errors about a mixture's source name it.
+
+    Args:
+        tokenizer, settings: the run's tokenizer and store layout.
+        cache_dir: root of the caches.
+        mixture: the run's mixture, if it reads one.
+        chunk_mb: text per encoding chunk when building.
+        wait_timeout_s: how long a process that may not build waits for the builder.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        settings: StoreSettings,
+        cache_dir: str | os.PathLike,
+        mixture: MixtureCorpus | None,
+        chunk_mb: float,
+        wait_timeout_s: float,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.cache_dir = cache_dir
+        self.mixture = mixture
+        self.chunk_mb = chunk_mb
+        self.wait_timeout_s = wait_timeout_s
+        self.stats: list[StoreStats] = []
+        self._stores: dict[Path, TokenStore] = {}  # opened stores, by path
+
+    def open(self, corpus, may_build: bool) -> TokenStore:
+        """The store of `corpus` (built here only when `may_build`)."""
+        with self.naming(corpus):
+            fingerprint = corpus.fingerprint()
+            path = store_path(fingerprint, self.tokenizer, self.settings, self.cache_dir)
+            check_ranks_agree(path)
+            if path in self._stores:  # opened by `check_documents`: verified once is enough
+                return self._stores[path]
+            store, stats = open_or_build_store(
+                corpus,
+                self.tokenizer,
+                self.settings,
+                self.cache_dir,
+                may_build=may_build,
+                chunk_mb=self.chunk_mb,
+                wait_timeout_s=self.wait_timeout_s,
+                fingerprint=fingerprint,
+            )
+            if not any(s.path == stats.path for s in self.stats):
+                self.stats.append(stats)
+            self._stores[path] = store
+            return store
+
+    @contextlib.contextmanager
+    def naming(self, corpus) -> Iterator[None]:
+        """Errors about one source of a mixture name the source (`data.sources.<name>`)."""
+        if self.mixture is None:
+            yield
+            return
+        name = next(n for n, c in self.mixture.sources.items() if c is corpus)
+        try:
+            yield
+        except (CorpusError, DataSetupError) as err:
+            raise type(err)(f"data.sources.{name}: {err}") from None
 
 
 def check_ranks_agree(path: Path) -> None:

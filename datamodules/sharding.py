@@ -14,10 +14,12 @@ fewer items than ranks remain (< W items) are those left out of the epoch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torch.utils.data import DistributedSampler
 
 
@@ -170,3 +172,17 @@ class EpochSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.num_batches if self.stop is None else min(self.num_batches, self.stop)
+
+
+def process_place(trainer, rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
+    """(rank, world size, whether this process may build stores): the Trainer's when there is
+    one, else the given `rank`/`world_size`, else torch.distributed's, else 0 of 1."""
+    if trainer is not None:
+        return trainer.global_rank, trainer.world_size, trainer.local_rank == 0
+    if rank is not None:
+        return rank, world_size or 1, rank == 0
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank = torch.distributed.get_rank()
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        return rank, torch.distributed.get_world_size(), local == 0
+    return 0, 1, True

@@ -109,7 +109,7 @@ class _Chunk:
 
 
 @dataclass
-class _Encoded:
+class Encoded:
     """A chunk after encoding, empty pieces dropped. Lengths are per kept document/sentence."""
 
     ids: np.ndarray
@@ -200,20 +200,16 @@ def build_store(
     start = time.perf_counter()
     path.mkdir(parents=True, exist_ok=True)
     (path / MANIFEST).unlink(missing_ok=True)  # the store is invalid from here until complete
-    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    dtype = token_dtype(vocab_size)
-    encoder = _encoder(tokenizer)
-    join = settings.sentences and _splits_alike(encoder)
-    marked = _with_sentence_mark(encoder) if join else None
+    encoding = BlockEncoder(tokenizer, settings)
     names = [TOKENS, DOCUMENTS] + ([SENTENCES, DOC_SENTENCES] if settings.sentences else [])
     totals = {"documents": 0, "sentences": 0, "tokens": 0, "skipped_documents": 0, "text_bytes": 0}
     with ExitStack() as stack:
         writer = StoreWriter(path, names, stack)
         for name in names[1:]:
             writer.write(name, np.zeros(1, OFFSET_DTYPE))
-        chunks = _chunks(corpus.documents(), settings.sentences, join, int(chunk_mb * 1e6))
+        chunks = encoding.chunks(corpus.documents(), int(chunk_mb * 1e6))
         next_report = _PROGRESS_EVERY
-        for encoded in _encode_pipelined(encoder, marked, chunks, settings, dtype):
+        for encoded in _encode_pipelined(encoding, chunks):
             _append(writer, encoded, totals)
             if totals["text_bytes"] >= next_report:
                 next_report += _PROGRESS_EVERY
@@ -262,6 +258,37 @@ def write_manifest(
     stats = StoreStats.from_manifest(path, manifest, built=True)
     log.info("%s", stats.summary())
     return stats
+
+
+class BlockEncoder:
+    """Encodes documents as a store build does (the same ids, module notes): `chunks` groups
+    them, `encode` encodes a chunk. Streaming (`datamodules.stream_read`) encodes its blocks
+    with it, so a streamed run reads the tokens a store would hold.
+
+    Args:
+        tokenizer: the run's tokenizer (copied, not changed).
+        settings: the store layout (sentences for BERT, an EOS id for GPT).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, settings: StoreSettings) -> None:
+        self.settings = settings
+        self.dtype = token_dtype(tokenizer.get_vocab_size(with_added_tokens=True))
+        self.encoder = _encoder(tokenizer)
+        self.join = settings.sentences and _splits_alike(self.encoder)
+        self.marked = _with_sentence_mark(self.encoder) if self.join else None
+
+    def chunks(self, documents: Iterable[str], chunk_bytes: int) -> Iterator[_Chunk]:
+        """`documents` in chunks of about `chunk_bytes` bytes of text."""
+        return _chunks(documents, self.settings.sentences, self.join, chunk_bytes)
+
+    def encode(self, chunk: _Chunk) -> Encoded:
+        """The ids of a chunk, its documents' and sentences' lengths (empty ones dropped)."""
+        return _encode(self.encoder, self.marked, chunk, self.settings, self.dtype)
+
+    def encode_documents(self, documents: list[str]) -> Encoded:
+        """The ids of `documents`, as one chunk (none: empty)."""
+        empty = _Chunk([], [] if self.settings.sentences else None, 0, [])
+        return self.encode(next(self.chunks(documents, 1 << 62), empty))
 
 
 def _encoder(tokenizer: Tokenizer) -> Tokenizer:
@@ -341,18 +368,12 @@ def _joined(sentences: list[str]) -> list[str]:
     return texts
 
 
-def _encode_pipelined(
-    encoder: Tokenizer,
-    marked: Tokenizer | None,
-    chunks: Iterator[_Chunk],
-    settings: StoreSettings,
-    dtype: np.dtype,
-) -> Iterator[_Encoded]:
+def _encode_pipelined(encoding: BlockEncoder, chunks: Iterator[_Chunk]) -> Iterator[Encoded]:
     """Encode chunk k on a helper thread while the caller's thread prepares chunk k + 1."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") as pool:
         pending: deque = deque()
         for chunk in chunks:
-            pending.append(pool.submit(_encode, encoder, marked, chunk, settings, dtype))
+            pending.append(pool.submit(encoding.encode, chunk))
             if len(pending) > 1:
                 yield pending.popleft().result()
         while pending:
@@ -365,7 +386,7 @@ def _encode(
     chunk: _Chunk,
     settings: StoreSettings,
     dtype: np.dtype,
-) -> _Encoded:
+) -> Encoded:
     """Encode a chunk: joined sentence texts with `marked`, the texts `apart` (and everything
     when `marked` is None) with the plain `encoder`."""
     texts = chunk.texts
@@ -386,13 +407,16 @@ def _encode(
             mark_id = marked.token_to_id(SENTENCE_MARK)
             ids, lengths = _split_at_marks(ids, lengths, mark_id, chunk.apart)
         return _group_sentences(
-            ids.astype(dtype), lengths, np.asarray(chunk.per_document), chunk.text_bytes
+            ids.astype(dtype),
+            lengths,
+            np.asarray(chunk.per_document, dtype=np.int64),
+            chunk.text_bytes,
         )
     kept = lengths > 0
     if settings.eos_id is not None:
         ids = np.insert(ids, np.cumsum(lengths)[kept], np.array(settings.eos_id, dtype))
         lengths = lengths + 1
-    return _Encoded(ids, lengths[kept], None, None, int((~kept).sum()), chunk.text_bytes)
+    return Encoded(ids, lengths[kept], None, None, int((~kept).sum()), chunk.text_bytes)
 
 
 def _split_at_marks(
@@ -416,14 +440,14 @@ def _split_at_marks(
 
 def _group_sentences(
     ids: np.ndarray, sentence_lengths: np.ndarray, per_document: np.ndarray, text_bytes: int
-) -> _Encoded:
+) -> Encoded:
     """Drop empty sentences, then documents left without a sentence."""
     document_of = np.repeat(np.arange(len(per_document)), per_document)
     kept = sentence_lengths > 0
     counts = np.bincount(document_of[kept], minlength=len(per_document))
     tokens = np.bincount(document_of, weights=sentence_lengths, minlength=len(per_document))
     has_text = counts > 0
-    return _Encoded(
+    return Encoded(
         ids=ids,
         doc_lengths=tokens[has_text].astype(np.int64),
         sentence_lengths=sentence_lengths[kept],
@@ -433,7 +457,7 @@ def _group_sentences(
     )
 
 
-def _append(writer: StoreWriter, encoded: _Encoded, totals: dict[str, int]) -> None:
+def _append(writer: StoreWriter, encoded: Encoded, totals: dict[str, int]) -> None:
     writer.write(TOKENS, encoded.ids)
     writer.write(DOCUMENTS, totals["tokens"] + np.cumsum(encoded.doc_lengths))
     if encoded.sentence_lengths is not None:

@@ -24,8 +24,6 @@ part: it is built by one process, as before.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import glob as globlib
 import hashlib
 import json
 import logging
@@ -41,7 +39,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from datamodules.corpus import ConcatCorpus, CorpusError
+from datamodules.corpus import ConcatCorpus, CorpusError, file_pieces
 from datamodules.store import (
     DOC_SENTENCES,
     DOCUMENTS,
@@ -74,7 +72,7 @@ def corpus_parts(corpus, count: int) -> list:
     """`corpus` cut into at most `count` corpora whose documents, one after another, are its
     documents: contiguous runs of its files (a concatenation's parts' files in turn), balanced
     by size. A corpus not read from files is a single piece."""
-    pieces = _pieces(corpus)
+    pieces = file_pieces(corpus)
     if count <= 1 or len(pieces) <= 1:
         return [corpus]
     sizes = np.array([size for _, size in pieces], dtype=np.float64)
@@ -86,20 +84,6 @@ def corpus_parts(corpus, count: int) -> list:
         group = [piece for (piece, _), o in zip(pieces, owner, strict=True) if o == index]
         parts.append(group[0] if len(group) == 1 else ConcatCorpus(group))
     return parts
-
-
-def _pieces(corpus) -> list[tuple[object, int]]:
-    """(corpus of one file, its size) for each file of `corpus` in reading order; a corpus not
-    read from files is one piece of unknown size (counted as 1 MB)."""
-    if isinstance(corpus, ConcatCorpus):
-        return [piece for part in corpus.parts for piece in _pieces(part)]
-    files = getattr(corpus, "files", None)
-    if not files or len(files) == 1:
-        return [(corpus, sum(os.path.getsize(f) for f in files) if files else 1 << 20)]
-    # the path as a glob that matches just that file, whatever characters its name holds
-    return [
-        (dataclasses.replace(corpus, paths=[globlib.escape(f)]), os.path.getsize(f)) for f in files
-    ]
 
 
 def build_in_parallel(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,6 +36,9 @@ class TokenizerSpec:
         lowercase: WordPiece only: lower-case and strip accents (uncased BERT).
         path: an existing tokenizer to load instead of training (tokenizer.json, vocab.txt, a
             directory holding one, or a hub name when online).
+        sample_mb: train on the corpus's first `sample_mb` MB of text (in reading order)
+            instead of all of it: a streamed run on a large corpus then starts in seconds.
+            None: the whole corpus.
     """
 
     kind: str = "wordpiece"
@@ -42,6 +46,7 @@ class TokenizerSpec:
     min_frequency: int = 2
     lowercase: bool = True
     path: str | None = None
+    sample_mb: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in SPECIALS_BY_KIND:
@@ -57,10 +62,17 @@ class TokenizerSpec:
             )
         if self.min_frequency < 1:
             raise ValueError(f"tokenizer.min_frequency must be >= 1, got {self.min_frequency}")
+        if self.sample_mb is not None and not self.sample_mb > 0:
+            raise ValueError(
+                f"tokenizer.sample_mb must be a positive size in MB, or null for the whole "
+                f"corpus; got {self.sample_mb!r}"
+            )
 
     def training_settings(self) -> dict:
         settings = asdict(self)
         settings.pop("path")
+        if self.sample_mb is None:
+            settings.pop("sample_mb")  # the keys of tokenizers trained on everything stay
         if self.kind == "bpe":
             settings.pop("lowercase")  # byte-level BPE never normalizes
         return settings
@@ -110,14 +122,18 @@ def get_tokenizer(
         log.info("reusing cached tokenizer %s", path)
     else:
         log.info(
-            "training a %s tokenizer (vocab %d) on %s",
+            "training a %s tokenizer (vocab %d) on %s%s",
             spec.kind,
             spec.vocab_size,
             corpus.describe(),
+            "" if spec.sample_mb is None else f" (its first {spec.sample_mb:g} MB)",
         )
+        documents = corpus.documents()
+        if spec.sample_mb is not None:
+            documents = first_text(documents, int(spec.sample_mb * 1e6))
         tokenizer = train_tokenizer(
             spec.kind,
-            batched(corpus.documents()),
+            batched(documents),
             spec.vocab_size,
             spec.min_frequency,
             spec.lowercase,
@@ -127,6 +143,16 @@ def get_tokenizer(
     if may_train:  # once per run: the processes that wait for rank 0 read the same tokenizer
         warn_if_short_vocabulary(spec, tokenizer)
     return tokenizer
+
+
+def first_text(documents: Iterable[str], max_bytes: int) -> Iterator[str]:
+    """The documents up to the one that brings their UTF-8 size to `max_bytes`."""
+    size = 0
+    for document in documents:
+        yield document
+        size += len(document.encode())
+        if size >= max_bytes:
+            return
 
 
 def warn_if_short_vocabulary(spec: TokenizerSpec, tokenizer: Tokenizer) -> None:

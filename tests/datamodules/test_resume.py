@@ -96,7 +96,7 @@ class Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(dm, max_steps: int, tmp_path, ckpt_path=None, save_every=None) -> list:
+def fit(dm, max_steps: int, tmp_path, ckpt_path=None, save_every=None, **trainer) -> list:
     module = Recorder()
     callbacks = (
         [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=save_every, save_top_k=-1)]
@@ -113,6 +113,7 @@ def fit(dm, max_steps: int, tmp_path, ckpt_path=None, save_every=None) -> list:
         enable_model_summary=False,
         limit_val_batches=0,
         num_sanity_val_steps=0,
+        **trainer,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # few-batch and num_workers advice

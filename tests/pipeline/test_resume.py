@@ -409,6 +409,19 @@ def test_killed_mixture_run_resumes_exactly_and_so_do_its_sources_counts(tmp_pat
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
 
 
+def test_killed_streamed_run_resumes_exactly(tmp_path):
+    """datamodule.streaming=true with 2 loader workers (two readers, small blocks): the resumed
+    run logs every step's loss as the uninterrupted one did and ends with the same weights."""
+    stream = ("datamodule.streaming=true", "datamodule.num_workers=2")
+    run = (*RUN, *stream, "datamodule.shuffle_buffer_mb=0.05", f"trainer.max_steps={STEPS}")
+    done = run_pretrain(tmp_path, *run, "run_name=stream-reference")
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference_dir = tmp_path / "out/bert-tiny/stream-reference"
+    process = interrupt_mid_run(tmp_path, run, "stream-killed", signal.SIGKILL)
+    assert process.returncode == -signal.SIGKILL
+    assert_resumes_exactly(tmp_path, run, "stream-killed", reference_dir)
+
+
 def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_named(tmp_path):
     first = run_pretrain(tmp_path, "model=bert-tiny", "debug=smoke", "run_name=one")
     assert first.returncode == 0, first.stderr[-3000:]

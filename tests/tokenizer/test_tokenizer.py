@@ -3,6 +3,7 @@ import json
 import os
 import random
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer, models
 
@@ -216,6 +217,7 @@ def test_cache_reuse_and_key(tmp_path, small_docs, monkeypatch):
         ("bpe", {"min_frequency": 3}, True),
         ("bpe", {"lowercase": False}, False),  # byte-level BPE never normalizes
         ("wordpiece", {"path": "elsewhere/tokenizer.json"}, False),  # loaded, not trained
+        ("bpe", {"sample_mb": 0.5}, True),
     ],
 )
 def test_cache_key_follows_every_training_setting(tmp_path, kind, change, retrains):
@@ -226,6 +228,24 @@ def test_cache_key_follows_every_training_setting(tmp_path, kind, change, retrai
         spec, corpus, tmp_path
     )
     assert moved == retrains
+
+
+def test_sample_mb_trains_on_the_first_text_only(tmp_path, small_docs):
+    """A tokenizer trained on a sample is the one trained on the documents up to the one that
+    reaches the sample's size; a bad size is refused naming the key."""
+    corpus = ListCorpus(small_docs)
+    sizes = np.cumsum([len(d.encode()) for d in small_docs])
+    sample_mb = float(sizes[4]) / 1e6  # the first 5 documents
+    sampled = get_tokenizer(
+        TokenizerSpec(kind="bpe", vocab_size=400, sample_mb=sample_mb), corpus, tmp_path
+    )
+    first_five = get_tokenizer(
+        TokenizerSpec(kind="bpe", vocab_size=400), ListCorpus(small_docs[:5]), tmp_path
+    )
+    everything = get_tokenizer(TokenizerSpec(kind="bpe", vocab_size=400), corpus, tmp_path)
+    assert sampled.get_vocab() == first_five.get_vocab() != everything.get_vocab()
+    with pytest.raises(ValueError, match="tokenizer.sample_mb must be a positive size"):
+        TokenizerSpec(kind="bpe", sample_mb=0)
 
 
 def test_corrupt_cache_entry_is_rebuilt(tmp_path, small_docs):
