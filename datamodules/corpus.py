@@ -42,6 +42,9 @@ _WIKITEXT_ARTICLE = re.compile(r"^ = [^=].* = $")
 # Field metadata key of the settings that cannot change the documents read, mapped to the reason;
 # every other field is part of the fingerprint (`_fingerprint`).
 _NOT_IN_KEY = "not_in_key"
+# Field metadata key of settings added after corpora were cached: in the key only when set, so
+# that the caches of corpora read without them keep their keys.
+_KEY_WHEN_SET = "key_when_set"
 _PATHS_REASON = "resolved to files, whose path, size and content (or mtime) are in it"
 _CHANGE_REASON = (
     "it decides how a file is identified, not what is read; the identity it picks (a digest or "
@@ -72,7 +75,10 @@ def _fingerprint(corpus: object, content: object) -> str:
     """The fingerprint of `corpus`: its type, every field not declared `_NOT_IN_KEY`, and
     `content`, what identifies the text read (file stats, a dataset fingerprint, ...)."""
     settings = {
-        f.name: getattr(corpus, f.name) for f in fields(corpus) if _NOT_IN_KEY not in f.metadata
+        f.name: getattr(corpus, f.name)
+        for f in fields(corpus)
+        if _NOT_IN_KEY not in f.metadata
+        and not (f.metadata.get(_KEY_WHEN_SET) and getattr(corpus, f.name) is None)
     }
     return _hash(type(corpus).__name__, settings, content)
 
@@ -333,6 +339,9 @@ class ParquetCorpus:
         text_field: the column holding the text.
         batch_rows: rows read at a time.
         change_detection: as in `TextFilesCorpus`.
+        row_groups: read only these row groups of each file (None: all). `file_pieces` cuts
+            a file of several row groups into one piece per group this way, so that parallel
+            builds and streaming readers share out a large file.
     """
 
     paths: list[str] | str = field(default_factory=list, metadata={_NOT_IN_KEY: _PATHS_REASON})
@@ -341,9 +350,12 @@ class ParquetCorpus:
     change_detection: ChangeDetection = field(
         default="auto", metadata={_NOT_IN_KEY: _CHANGE_REASON}
     )
+    row_groups: list[int] | None = field(default=None, metadata={_KEY_WHEN_SET: True})
 
     def __post_init__(self) -> None:
         _check_choice("data.change_detection", self.change_detection, ChangeDetection)
+        if self.row_groups is not None:  # a list from a config (ListConfig) or a tuple
+            self.row_groups = [int(group) for group in self.row_groups]
         self.files = _resolve_paths(self.paths, "Parquet")
         self._digests: dict = {}
 
@@ -368,7 +380,10 @@ class ParquetCorpus:
                     f"{path}: column {self.text_field!r} holds {kind}, not text; set "
                     f"data.text_field to a text column (columns: {schema.names})"
                 )
-            for batch in parquet.iter_batches(self.batch_rows, columns=[self.text_field]):
+            batches = parquet.iter_batches(
+                self.batch_rows, row_groups=self.row_groups, columns=[self.text_field]
+            )
+            for batch in batches:
                 for text in batch.column(0).to_pylist():
                     if text:
                         yield text
@@ -377,7 +392,26 @@ class ParquetCorpus:
         return _fingerprint(self, _files_key(self.files, self.change_detection, self._digests))
 
     def describe(self) -> str:
-        return f"{len(self.files)} Parquet file(s), column {self.text_field!r}"
+        groups = "" if self.row_groups is None else f", row group(s) {self.row_groups}"
+        return f"{len(self.files)} Parquet file(s), column {self.text_field!r}{groups}"
+
+    def row_group_pieces(self) -> list[tuple[ParquetCorpus, int]]:
+        """(this corpus reading one row group of one file, the group's bytes) for every row
+        group, in reading order."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pieces = []
+        for path in self.files:
+            try:
+                metadata = pq.ParquetFile(path).metadata
+            except pa.ArrowException as err:
+                raise CorpusError(f"{path}: not a readable Parquet file ({err})") from None
+            for group in self.row_groups or range(metadata.num_row_groups):
+                size = metadata.row_group(group).total_byte_size
+                one = dataclasses.replace(self, paths=[globlib.escape(path)], row_groups=[group])
+                pieces.append((one, size))
+        return pieces
 
 
 @dataclass
@@ -479,11 +513,13 @@ class ConcatCorpus:
 
 
 def file_pieces(corpus) -> list[tuple[Any, int]]:
-    """(corpus of one file, its size in bytes) for each file of `corpus` in reading order: their
-    documents one after another are the corpus's. A corpus not read from files (embedded, a
+    """(corpus of one file, its size in bytes) for each file of `corpus` in reading order (for
+    Parquet, each row group of each file): their documents one after another are the corpus's. A corpus not read from files (embedded, a
     Hugging Face dataset, GLUE texts) is one piece of unknown size (counted as 1 MB)."""
     if isinstance(corpus, ConcatCorpus):
         return [piece for part in corpus.parts for piece in file_pieces(part)]
+    if isinstance(corpus, ParquetCorpus):
+        return corpus.row_group_pieces()
     files = getattr(corpus, "files", None)
     if not files or len(files) == 1:
         return [(corpus, sum(os.path.getsize(f) for f in files) if files else 1 << 20)]

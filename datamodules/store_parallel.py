@@ -4,8 +4,8 @@
     torchrun --nnodes 4 --nproc-per-node 1 ... -m pipeline.commands.prepare prepare.workers=16
     srun --ntasks 4 python -m pipeline.commands.prepare prepare.workers=16
 
-The corpus is cut into `ranks x workers` parts (`corpus_parts`): contiguous runs of its files,
-balanced by size, so that the parts' documents one after another are the corpus's documents in
+The corpus is cut into `ranks x workers` parts (`corpus_parts`): contiguous runs of its files
+(of a Parquet file's row groups), balanced by size, so that the parts' documents one after another are the corpus's documents in
 order. Rank r builds parts r, r + R, r + 2R, ... (R ranks), each into a part store of its own
 (the ordinary builder, `store_build.build_store`) under `<store>.parts/<N>-<how the files were
 cut>/`, one process per part, at most `workers` at once (a fresh interpreter each, with its
@@ -182,6 +182,8 @@ def _partition_key(parts: list) -> str:
 def _files_of(corpus) -> list:
     if isinstance(corpus, ConcatCorpus):
         return [f for part in corpus.parts for f in _files_of(part)]
+    if getattr(corpus, "row_groups", None) is not None:  # a Parquet file's row groups
+        return [f"{f}#{corpus.row_groups}" for f in corpus.files]
     return list(getattr(corpus, "files", None) or [corpus.describe()])
 
 

@@ -184,6 +184,7 @@ SETTING_CHANGES = {
         "paths": [(OTHER, True), (SAME, False)],
         "text_field": [("body", True)],
         "batch_rows": [(7, False)],
+        "row_groups": [((0,), True)],
         "change_detection": CHANGE_DETECTION,
     },
     "wikitext103": {

@@ -12,7 +12,14 @@ import time
 
 import pytest
 
-from datamodules.corpus import ConcatCorpus, CorpusError, EmbeddedCorpus, TextFilesCorpus
+from datamodules.corpus import (
+    ConcatCorpus,
+    CorpusError,
+    EmbeddedCorpus,
+    ParquetCorpus,
+    TextFilesCorpus,
+    file_pieces,
+)
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.run_stores import prepare_stores, store_settings
 from datamodules.store import MANIFEST, StoreInvalidError, TokenStore
@@ -211,3 +218,24 @@ def test_prepare_workers_must_be_a_whole_number(tmp_path):
     assert done.returncode != 0 and "prepare.workers=0 is not a whole number >= 1" in done.stderr
     assert "Traceback" not in done.stderr
     assert not any(os.scandir(tmp_path))
+
+
+def test_one_parquet_file_of_row_groups_is_built_by_two_processes_in_the_same_bytes(bpe, tmp_path):
+    """A single Parquet file of 4 row groups is cut into 4 pieces (one per group, read in
+    order), so two processes share it and build the one-process bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = list(EmbeddedCorpus().documents())
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": docs}), path, row_group_size=-(-len(docs) // 4))
+    corpus = ParquetCorpus(str(path))
+    pieces = [piece for piece, _ in file_pieces(corpus)]
+    assert [p.row_groups for p in pieces] == [[0], [1], [2], [3]]
+    assert [d for p in pieces for d in p.documents()] == docs
+    assert len({p.fingerprint() for p in pieces} | {corpus.fingerprint()}) == 5
+    assert len(corpus_parts(corpus, 2)) == 2
+    [one] = prepare_stores(corpus, bpe, CausalLMObjective(), tmp_path / "one")
+    [two] = prepare_stores(corpus, bpe, CausalLMObjective(), tmp_path / "two", workers=2)
+    assert two.built and one.path.name == two.path.name
+    assert manifest_files(one) == manifest_files(two)

@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer
 
 from datamodules.batches import DataSetupError
-from datamodules.corpus import CorpusError, TextFilesCorpus
+from datamodules.corpus import CorpusError, ParquetCorpus, TextFilesCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from datamodules.stream_read import Cursor, ReaderState, held_out_count, stream_units
@@ -322,3 +322,22 @@ def test_epochs_cut_by_limit_train_batches_continue_the_stream(make_dm, paragrap
     whole = fit(make_dm("gpt", 2, corpus=paragraphs), 20, tmp_path / "a")
     cut = fit(make_dm("gpt", 2, corpus=paragraphs), 20, tmp_path / "b", limit_train_batches=7)
     assert cut == whole
+
+
+def test_a_parquet_file_is_shared_out_by_row_groups(make_dm, embedded, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [p for doc in embedded.documents() for p in doc.split("\n") if len(p) > 200]
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": docs}), path, row_group_size=-(-len(docs) // 4))
+    dm = make_dm("gpt", 2, corpus=ParquetCorpus(str(path)), val_fraction=0.0)
+    dm.setup("fit")
+    assert dm.stream.dataset.units == [(group, 0, 1) for group in range(4)]  # whole row groups
+    read = []
+    for reader in (0, 1):
+        for text, after in dm.stream.dataset.documents(reader, Cursor()):
+            if after.epoch > 0:
+                break
+            read.append(text)
+    assert Counter(read) == Counter(docs)
