@@ -58,7 +58,7 @@ from datamodules.run_stores import RunStores, corpora_of, prepare_stores, store_
 from datamodules.sharding import EpochSampler, TooFewDocuments, process_place, split_documents
 from datamodules.store import StoreStats, TokenStore
 from datamodules.store_build import open_or_build_store
-from datamodules.stream_loader import StreamedData, StreamLoader
+from datamodules.stream_loader import StreamedData, StreamLoader, streaming_refusal
 from tokenizer import SpecialIds, special_ids
 
 log = logging.getLogger(__name__)
@@ -154,11 +154,8 @@ class PretrainDataModule(L.LightningDataModule):
         self.make_batches = BatchMaker(tokenizer)
         self.stream = None
         if streaming:
-            if self.mixture is not None or len(self.phases) > 1:
-                raise DataSetupError(
-                    "datamodule.streaming=true reads one corpus with one batch layout: not "
-                    "data=mixture or objective.phases (not supported yet); drop one of them"
-                )
+            if refusal := streaming_refusal(corpus, objective):
+                raise DataSetupError(refusal)
             self.stream = StreamedData(
                 corpus,
                 tokenizer,

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from datamodules.batches import DataSetupError
 from datamodules.corpus import file_pieces
 from datamodules.loaders import BatchLoader, _keep
+from datamodules.mixture import MixtureCorpus
 from datamodules.objective import CausalLMObjective, Objective
 from datamodules.store import StoreSettings
 from datamodules.store_build import BlockEncoder
@@ -36,6 +37,16 @@ from datamodules.stream_read import (
 log = logging.getLogger(__name__)
 
 _HISTORY = 64  # steps handed out whose states are kept (Lightning fetches one batch ahead)
+
+
+def streaming_refusal(corpus, objective: Objective) -> str | None:
+    """Why `corpus` and `objective` cannot be streamed (yet); None when they can."""
+    if isinstance(corpus, MixtureCorpus) or objective.phases:
+        return (
+            "datamodule.streaming=true reads one corpus with one batch layout: not data=mixture "
+            "or objective.phases (not supported yet); drop one of them"
+        )
+    return None
 
 
 class StreamPosition:

@@ -23,6 +23,7 @@ from datamodules.objective import (
     phase_plan,
 )
 from datamodules.pretrain import PretrainDataModule
+from datamodules.stream_loader import streaming_refusal
 from models.config import ModelConfig
 from pipeline.pretrain.budget import RunLength
 from pipeline.pretrain.corpus_init import OUTPUT_BIAS_CHOICES
@@ -117,6 +118,8 @@ def check_config(cfg: DictConfig) -> RunPlan:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     corpus = build("data", cfg.data)
+    if cfg.datamodule.get("streaming") and (refusal := streaming_refusal(corpus, objective)):
+        raise ConfigError(refusal)
     return RunPlan(family.name, model, tokenizer, objective, corpus, length)
 
 

@@ -20,7 +20,9 @@ from datamodules.corpus import CorpusError, ParquetCorpus, TextFilesCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from datamodules.stream_read import Cursor, ReaderState, held_out_count, stream_units
-from tests.conftest import ListCorpus
+from pipeline.pretrain.checks import check_config
+from pipeline.run.errors import ConfigError
+from tests.conftest import ListCorpus, compose_pretrain
 from tests.datamodules.test_resume import fit, same
 
 SETTINGS = {
@@ -202,6 +204,15 @@ def test_bad_text_fails_naming_the_file(make_dm, tmp_path):
     with pytest.raises(CorpusError, match="b.txt"):
         for _ in range(200):
             next(steps)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [("data=mixture",), ("model=gpt", "objective.phases=[{share: 0.5},{share: 0.5,seq_len: 64}]")],
+)
+def test_the_config_check_refuses_streaming_a_mixture_or_phases(overrides):
+    with pytest.raises(ConfigError, match="datamodule.streaming=true reads one corpus"):
+        check_config(compose_pretrain(*overrides, "datamodule.streaming=true"))
 
 
 def test_streaming_refuses_phases(bpe):
