@@ -1,5 +1,6 @@
 """`make prepare`: build the run's token store ahead of training (training builds it on demand
-otherwise) and print documents, tokens, throughput and the cache path.
+otherwise) and print documents, tokens, throughput and the cache path. For a streamed run
+(`datamodule.streaming=true`) it trains and caches the tokenizer only.
 
     python -m pipeline.commands.prepare model=gpt data=text_files data.paths='corpus/*.txt'
     make prepare ... prepare.workers=8        # 8 tokenizing processes (datamodules/store_parallel.py)
@@ -16,7 +17,7 @@ from pipeline.pretrain.checks import check_config
 from pipeline.run.cli import entry_point, user_errors
 from pipeline.run.errors import ConfigError
 from pipeline.run.launcher import launcher_rank, launcher_world_size
-from tokenizer import get_tokenizer
+from tokenizer import get_tokenizer, tokenizer_cache_path
 
 
 @hydra.main(config_path="../../conf", config_name="prepare", version_base="1.3")
@@ -34,6 +35,12 @@ def main(cfg: DictConfig) -> None:
         tokenizer = get_tokenizer(
             plan.tokenizer, plan.corpus, cfg.paths.cache_dir, may_train=rank == 0
         )
+        if cfg.datamodule.get("streaming"):  # the tokenizer is all a streamed run prepares
+            print(
+                f"tokenizer    {tokenizer_cache_path(plan.tokenizer, plan.corpus, cfg.paths.cache_dir)}"
+                "\ntoken store  none: datamodule.streaming=true tokenizes as it trains"
+            )
+            return
         stats = prepare_stores(
             plan.corpus,
             tokenizer,

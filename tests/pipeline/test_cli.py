@@ -189,6 +189,22 @@ def test_cache_commands_leave_no_run_folder(tmp_path, module):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
 
 
+def test_prepare_for_a_streamed_run_caches_the_tokenizer_and_builds_no_store(tmp_path):
+    result = run_python(
+        "pipeline.commands.prepare",
+        "tokenizer.vocab_size=1000",
+        "datamodule.streaming=true",
+        f"paths.cache_dir={tmp_path}/cache",
+        f"paths.output_root={tmp_path}/out",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "token store  none: datamodule.streaming=true" in result.stdout
+    tokenizer = result.stdout.split("tokenizer    ")[1].splitlines()[0]
+    assert Tokenizer.from_file(tokenizer).get_vocab_size() == 1000
+    assert not (tmp_path / "cache" / "token_stores").exists()
+
+
 def test_bad_value_fails_fast_with_one_line(tmp_path):
     result = run_python(
         "pipeline.commands.pretrain",
