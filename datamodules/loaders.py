@@ -71,17 +71,27 @@ class BatchLoader(DataLoader):
             yield batch
 
 
-class PositionLoader(BatchLoader):
-    """The training loader: also remembers how many steps of the epoch it has handed out.
+class ResumableLoader(BatchLoader):
+    """A training loader whose `state_dict`/`load_state_dict` are its datamodule's: that tells
+    Lightning the loader is resumable (otherwise it warns that a mid-epoch resume is not), and
+    the datamodule holds the position."""
 
-    That count is the position for `state_dict` outside a Trainer (inside one, the Trainer's
-    own counters are used, since Lightning fetches one batch ahead of the step). Its
-    `state_dict`/`load_state_dict` are the datamodule's, which tells Lightning the loader is
-    resumable (otherwise it warns that a mid-epoch resume is not).
+    datamodule: L.LightningDataModule | None = None  # the PretrainDataModule that made it
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.datamodule.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.datamodule.load_state_dict(state_dict)
+
+
+class PositionLoader(ResumableLoader):
+    """The training loader of a store: also remembers how many steps of the epoch it has
+    handed out. That count is the position for `state_dict` outside a Trainer (inside one, the
+    Trainer's own counters are used, since Lightning fetches one batch ahead of the step).
     """
 
     position: tuple[int, int] = (0, 0)
-    datamodule: L.LightningDataModule | None = None  # the PretrainDataModule that made it
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         iterator = DataLoader.__iter__(self)
@@ -94,9 +104,3 @@ class PositionLoader(BatchLoader):
             yield from self.tensors(item)
             item = next(iterator, None)
         self.sampler.finish_epoch()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.datamodule.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.datamodule.load_state_dict(state_dict)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from datamodules.batches import DataSetupError
 from datamodules.corpus import file_pieces
-from datamodules.loaders import BatchLoader, _keep
+from datamodules.loaders import ResumableLoader, _keep
 from datamodules.mixture import MixtureCorpus
 from datamodules.objective import CausalLMObjective, Objective
 from datamodules.store import StoreSettings
@@ -86,11 +86,10 @@ class StreamPosition:
         )
 
 
-class StreamLoader(BatchLoader):
+class StreamLoader(ResumableLoader):
     """The training loader of a streamed run (its dataset is `StreamBatches`)."""
 
     position: StreamPosition
-    datamodule: Any = None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         # A new iterator (a Trainer's next epoch, when limit_train_batches ends one) goes on
@@ -114,12 +113,6 @@ class StreamLoader(BatchLoader):
 
     def __len__(self) -> int:
         raise TypeError("a streamed run's loader has no length")
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.datamodule.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.datamodule.load_state_dict(state_dict)
 
 
 class StreamedData:

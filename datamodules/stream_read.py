@@ -287,7 +287,8 @@ class StreamBatches(IterableDataset):
             used = windows * seq_len + 1
             store = MemoryStore(tokens[:used], np.array([0, used]), eos_id=self.settings.eos_id)
             batches = make(store, np.zeros(1, np.int64), self.objective, **shard)
-            return StepBatches(batches, self.micro_batches), tokens[used - 1 :]
+            # a copy: a view would keep the whole block's tokens alive with the carry
+            return StepBatches(batches, self.micro_batches), tokens[used - 1 :].copy()
         store = MemoryStore.of(encoded, eos_id=None)
         try:
             batches = make(store, np.arange(store.num_documents), self.objective, **shard)
