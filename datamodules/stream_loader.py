@@ -37,6 +37,19 @@ from datamodules.stream_read import (
 log = logging.getLogger(__name__)
 
 _HISTORY = 64  # steps handed out whose states are kept (Lightning fetches one batch ahead)
+# What each entry of `StreamedData.settings_key` is, in the words of the settings that fix it.
+_SETTINGS_MEANING = {
+    "seed": "seed",
+    "readers": "processes x datamodule.num_workers",
+    "workers": "datamodule.num_workers",
+    "micro_batches": "trainer.accumulate_grad_batches",
+    "batch_size": "objective.batch_size",
+    "seq_len": "objective.seq_len",
+    "block_bytes": "bytes per block: datamodule.shuffle_buffer_mb, at least 8 steps of text",
+    "held_out": "validation documents: datamodule.val_fraction of the first file",
+    "units": "files (Parquet row groups) x the ways each is shared",
+    "corpus": "the corpus's fingerprint: its files and their content",
+}
 
 
 def streaming_refusal(corpus, objective: Objective) -> str | None:
@@ -293,7 +306,8 @@ class StreamedData:
             if state.get(key) != value:
                 raise DataSetupError(
                     f"cannot resume the streamed data exactly: the checkpoint has {key}="
-                    f"{state.get(key)!r}, this run {value!r}. Resume with the same data seed, "
+                    f"{state.get(key)!r}, this run {value!r} ({_SETTINGS_MEANING[key]}). "
+                    "Resume with the same data seed, "
                     "corpus (its files unchanged), objective (batch size, seq_len), "
                     "datamodule.shuffle_buffer_mb, "
                     "datamodule.val_fraction, gradient accumulation, number of processes and "

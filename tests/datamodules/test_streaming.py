@@ -19,6 +19,7 @@ from datamodules.batches import DataSetupError
 from datamodules.corpus import CorpusError, ParquetCorpus, TextFilesCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
+from datamodules.stream_loader import _SETTINGS_MEANING
 from datamodules.stream_read import Cursor, ReaderState, held_out_count, stream_units
 from pipeline.pretrain.checks import check_config
 from pipeline.run.errors import ConfigError
@@ -179,8 +180,9 @@ def test_resume_refuses_other_workers_and_a_store_checkpoint(make_dm):
     state = first.state_dict()
     other = make_dm("gpt", 2)
     other.load_state_dict(state)
-    with pytest.raises(DataSetupError, match="readers=1, this run 2.*datamodule.num_workers"):
+    with pytest.raises(DataSetupError, match="readers=1, this run 2 \\(processes x datamodule"):
         other.setup("fit")
+    assert set(other.stream.settings_key()) == set(_SETTINGS_MEANING)  # every one explained
     stored = make_dm("gpt", streaming=False)
     with pytest.raises(DataSetupError, match="datamodule.streaming=true"):
         stored.load_state_dict(state)
