@@ -20,14 +20,14 @@ from pipeline.pretrain.checks import check_config
 from pipeline.pretrain.run import trainer_arguments
 from pipeline.training.optim import build_optimizer
 from tests.conftest import CONF, compose_pretrain
-from tests.pipeline.task_data import write_quick_suite_texts
+from tests.pipeline.task_data import point_shipped_corpora_at
 
 # conf/task/ belongs to fine-tuning, not to pretrain.yaml; tests/datamodules/test_tasks.py
 # instantiates every task config. conf/suite/ belongs to glue.yaml (tests/pipeline/test_glue.py).
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("task", "suite"))
 FILE_DATA = {"text_files", "jsonl", "parquet", "wikitext2"}
 # options that read task files from $GLUE_DIR (and WikiText-2 from $WIKITEXT2_DIR)
-GLUE_TEXTS_DATA = {"glue_texts", "wikitext2_glue_texts"}
+GLUE_TEXTS_DATA = {"glue_texts", "wikitext2_glue_texts", "mixture"}
 
 
 @functools.cache
@@ -98,10 +98,7 @@ def test_option_composes_and_instantiates(group, option, tmp_path, text_file, mo
     import pyarrow.parquet as pq
 
     if reads_glue_texts(group, option):
-        monkeypatch.setenv("GLUE_DIR", str(tmp_path / "glue"))
-        write_quick_suite_texts(tmp_path / "glue")
-        monkeypatch.setenv("WIKITEXT2_DIR", str(tmp_path))
-        (tmp_path / "train.txt").write_text(" = A = \n one article .\n")
+        point_shipped_corpora_at(tmp_path, monkeypatch)
 
     (tmp_path / "d.jsonl").write_text('{"text": "one doc"}\n')
     pq.write_table(pa.table({"text": ["one doc"]}), tmp_path / "d.parquet")

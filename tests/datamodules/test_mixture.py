@@ -23,6 +23,7 @@ from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from datamodules.run_stores import prepare_stores
 from tests.conftest import ListCorpus, compose_pretrain
+from tests.pipeline.task_data import point_shipped_corpora_at
 from tokenizer import batched, train_tokenizer
 
 WORDS = {
@@ -226,9 +227,10 @@ def test_each_source_has_its_own_store_shared_with_single_corpus_runs(sources, t
     )
 
 
-def test_the_shipped_mixture_config_and_its_fingerprint(sources):
+def test_the_shipped_mixture_config_and_its_fingerprint(sources, tmp_path, monkeypatch):
     """conf/data/mixture.yaml composes as `make pretrain data=mixture` composes it; a source's
     text keys the caches, its weight does not."""
+    point_shipped_corpora_at(tmp_path, monkeypatch)
     cfg = compose_pretrain("data=mixture", "data.weights.glue_texts=0.5")
     corpus = instantiate(cfg.data)
     assert corpus.names == ["wikitext2", "glue_texts"] and not corpus.by_epochs
@@ -246,7 +248,9 @@ def test_the_shipped_mixture_config_and_its_fingerprint(sources):
     ],
 )
 @pytest.mark.parametrize("run_by", ["weights", "epochs"])
-def test_the_resume_hint_gives_the_checkpoints_sampling_when_pasted(spec, run_by):
+def test_the_resume_hint_gives_the_checkpoints_sampling_when_pasted(
+    spec, run_by, tmp_path, monkeypatch
+):
     """`resume_overrides`, added after a run's own overrides (by weights or by epochs), composes
     to the checkpoint's sampling: no dotted key into a mapping the config left null."""
     own = (
@@ -254,6 +258,7 @@ def test_the_resume_hint_gives_the_checkpoints_sampling_when_pasted(spec, run_by
         if run_by == "epochs"
         else []
     )
+    point_shipped_corpora_at(tmp_path, monkeypatch)
     hint = shlex.split(resume_overrides(spec))
     corpus = instantiate(compose_pretrain("data=mixture", *own, *hint).data)
     assert corpus.spec() == spec

@@ -307,6 +307,7 @@ CACHE_CASES = [
     ("gpt", ["tokenizer.vocab_size=500"], True, True),
     ("gpt", ["tokenizer.lowercase=true"], False, False),  # byte-level BPE never normalizes
     ("gpt", ["tokenizer.path={tokenizer}"], False, False),
+    ("gpt", ["tokenizer.sample_mb=0.0001"], True, True),  # trained on the first document only
     ("bert", ["objective.seq_len=64"], False, False),
     ("bert", ["objective.batch_size=8"], False, False),
     ("bert", ["objective.mlm_probability=0.3"], False, False),

@@ -25,6 +25,7 @@ from pipeline.pretrain.checks import check_config
 from pipeline.run.errors import ConfigError
 from tests.conftest import ListCorpus, compose_pretrain
 from tests.datamodules.test_resume import fit, same
+from tests.pipeline.task_data import point_shipped_corpora_at
 
 SETTINGS = {
     "bert": ("wordpiece", MaskedLMObjective(seq_len=32, batch_size=4)),
@@ -212,7 +213,8 @@ def test_bad_text_fails_naming_the_file(make_dm, tmp_path):
     "overrides",
     [("data=mixture",), ("model=gpt", "objective.phases=[{share: 0.5},{share: 0.5,seq_len: 64}]")],
 )
-def test_the_config_check_refuses_streaming_a_mixture_or_phases(overrides):
+def test_the_config_check_refuses_streaming_a_mixture_or_phases(overrides, tmp_path, monkeypatch):
+    point_shipped_corpora_at(tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match="datamodule.streaming=true reads one corpus"):
         check_config(compose_pretrain(*overrides, "datamodule.streaming=true"))
 

@@ -117,3 +117,13 @@ def write_quick_suite_texts(glue_dir: Path) -> None:
         node = OmegaConf.load(CONF / "task" / f"{name}.yaml")
         node.data_dir = str(glue_dir / Path(str(node.data_dir)).name)
         write_task_texts(instantiate(node))
+
+
+def point_shipped_corpora_at(folder: Path, monkeypatch) -> None:
+    """Make the shipped data configs that read ../shared/data (`data=wikitext2`, `glue_texts`,
+    and the mixture of both) read small files under `folder` instead, through the environment
+    variables they take (WIKITEXT2_DIR, GLUE_DIR), so that composing them needs no shared data."""
+    write_quick_suite_texts(folder / "glue")
+    monkeypatch.setenv("GLUE_DIR", str(folder / "glue"))
+    (folder / "train.txt").write_text(" = A = \n one article .\n = B = \n another one .\n")
+    monkeypatch.setenv("WIKITEXT2_DIR", str(folder))
