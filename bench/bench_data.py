@@ -324,26 +324,17 @@ def figures(report: dict) -> list[dict]:
                 at_least=STORE_TARGET,
             )
         )
-        rows.append(
-            figure(
-                "data",
-                f"{name} loader batches/s vs model steps/s",
-                row["best_loader_batches_per_s"],
-                row["mini_model"]["steps_per_s"],
-                "per s",
-                at_least=LOADER_TARGET,
+        for loader, best in (("loader", "loader"), ("streaming loader", "streaming")):
+            rows.append(
+                figure(
+                    "data",
+                    f"{name} {loader} batches/s vs model steps/s",
+                    row[f"best_{best}_batches_per_s"],
+                    row["mini_model"]["steps_per_s"],
+                    "per s",
+                    at_least=LOADER_TARGET,
+                )
             )
-        )
-        rows.append(
-            figure(
-                "data",
-                f"{name} streaming loader batches/s vs model steps/s",
-                row["best_streaming_batches_per_s"],
-                row["mini_model"]["steps_per_s"],
-                "per s",
-                at_least=LOADER_TARGET,
-            )
-        )
     return rows
 
 

@@ -59,7 +59,7 @@ from datamodules.sharding import EpochSampler, TooFewDocuments, process_place, s
 from datamodules.store import StoreStats, TokenStore
 from datamodules.store_build import open_or_build_store
 from datamodules.stream_loader import StreamedData, StreamLoader, streaming_refusal
-from tokenizer import SpecialIds, special_ids
+from tokenizer import SpecialIds
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +149,8 @@ class PretrainDataModule(L.LightningDataModule):
         self.chunk_mb = chunk_mb
         self._rank, self._world_size = rank, world_size
         self.settings = store_settings(objective, tokenizer)
-        self.special: SpecialIds = special_ids(tokenizer)
-        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.make_batches = BatchMaker(tokenizer)
+        self.special: SpecialIds = self.make_batches.special
         self.stream = None
         if streaming:
             if refusal := streaming_refusal(corpus, objective):
@@ -208,7 +207,13 @@ class PretrainDataModule(L.LightningDataModule):
         has none, but a separate validation corpus."""
         if self.stream is not None:  # no gathering here: the other ranks wait at a barrier
             if self.val_corpus is not None:
-                open_or_build_store(self.val_corpus, self.tokenizer, self.settings, self.cache_dir)
+                open_or_build_store(
+                    self.val_corpus,
+                    self.tokenizer,
+                    self.settings,
+                    self.cache_dir,
+                    chunk_mb=self.chunk_mb,
+                )
             return
         self.stores.stats = prepare_stores(
             self.corpus,

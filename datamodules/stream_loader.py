@@ -9,6 +9,7 @@ the steps the Trainer consumed (Lightning fetches ahead), gathered from every ra
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Iterator
@@ -165,6 +166,8 @@ class StreamedData:
         self.val_fraction = val_fraction
         self.block_mb = block_mb
         self.least = 2 if pairs else 1
+        # held-out validation documents by world size: `check_documents` and `setup` both ask
+        self._validation: dict[int, tuple[MemoryStore | None, int]] = {}
         self.dataset: StreamBatches | None = None
         self.position: StreamPosition | None = None
         self._pending: dict[str, Any] | None = None
@@ -176,7 +179,8 @@ class StreamedData:
         if validate:
             val_store, held_out = self.validation_documents(world_size)
         self.dataset = StreamBatches(
-            self.corpus,
+            self.pieces,
+            self.corpus.describe(),
             self.tokenizer,
             self.settings,
             self.objective,
@@ -202,18 +206,21 @@ class StreamedData:
             self.dataset.block_bytes / 1e6,
             held_out,
         )
-        self.corpus_key = self.corpus.fingerprint()
         if self._pending is not None:
             self._apply(self._pending)
         return val_store
 
     def validation_documents(self, world_size: int) -> tuple[MemoryStore | None, int]:
         """The first file's first documents, tokenized (GPT: at least a window for every one
-        of `world_size` ranks), and how many they are."""
+        of `world_size` ranks), and how many they are (read once per world size)."""
+        if world_size not in self._validation:
+            self._validation[world_size] = self._hold_out(world_size)
+        return self._validation[world_size]
+
+    def _hold_out(self, world_size: int) -> tuple[MemoryStore | None, int]:
         window = world_size * self.objective.seq_len + 1
         least_tokens = window if isinstance(self.objective, CausalLMObjective) else 0
-        pieces = self.dataset_pieces()
-        first = pieces[0]
+        first = self.pieces[0]
         documents = sum(1 for _ in first.documents())
         count = held_out_count(documents, self.val_fraction, self.least)
         if count == 0:
@@ -236,7 +243,7 @@ class StreamedData:
             f"for validation (datamodule.val_fraction={self.val_fraction}, at least "
             f"{self.least} document(s) and {least_tokens:,} tokens)"
         )
-        if count >= documents and len(pieces) == 1:
+        if count >= documents and len(self.pieces) == 1:
             raise DataSetupError(
                 f"{whole}, which leaves none for training; add text, or lower "
                 "datamodule.val_fraction (0: no validation)"
@@ -245,8 +252,15 @@ class StreamedData:
             log.warning("%s: the whole of %s", whole, first.describe())
         return store, count
 
-    def dataset_pieces(self) -> list:
+    @functools.cached_property
+    def pieces(self) -> list:
+        """The corpus's files, as corpora of one file (or Parquet row group) each, listed once."""
         return [piece for piece, _ in file_pieces(self.corpus)]
+
+    @functools.cached_property
+    def corpus_key(self) -> str:
+        """The corpus's fingerprint (its files and their content), computed once."""
+        return self.corpus.fingerprint()
 
     def loader(self, datamodule, pin: bool) -> StreamLoader:
         """The training loader of `datamodule` (batches pinned with `pin`)."""
@@ -327,13 +341,10 @@ class StreamedData:
         else:
             held_out = self.validation_documents(world_size)[1]
         encoding = BlockEncoder(self.tokenizer, self.settings)
-        for number, piece in enumerate(self.dataset_pieces()):
+        for number, piece in enumerate(self.pieces):
             documents = piece.documents()
             if number == 0:
                 documents = (d for i, d in enumerate(documents) if i >= held_out)
             for chunk in encoding.chunks(documents, 4_000_000):
                 store = MemoryStore.of(encoding.encode(chunk), self.settings.eos_id)
-                yield from (
-                    store.tokens[store.doc_offsets[i] : store.doc_offsets[i + 1]]
-                    for i in range(store.num_documents)
-                )
+                yield from (store.document(i) for i in range(store.num_documents))

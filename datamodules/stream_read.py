@@ -40,7 +40,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import IterableDataset, get_worker_info
 
 from datamodules.batches import TRAIN, BatchMaker, DataSetupError, StepBatches
-from datamodules.corpus import CorpusError, file_pieces
+from datamodules.corpus import CorpusError
 from datamodules.objective import CausalLMObjective, Objective
 from datamodules.store import OFFSET_DTYPE, StoreSettings
 from datamodules.store_build import BlockEncoder, Encoded
@@ -78,6 +78,10 @@ class MemoryStore:
     @property
     def num_documents(self) -> int:
         return len(self.doc_offsets) - 1
+
+    def document(self, index: int) -> np.ndarray:
+        """Token ids of document `index` (a view), as `TokenStore.document`."""
+        return self.tokens[self.doc_offsets[index] : self.doc_offsets[index + 1]]
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -147,7 +151,8 @@ class StreamBatches(IterableDataset):
     micro-batches, as `StepBatches` makes them).
 
     Args:
-        corpus: the training corpus.
+        pieces: the corpus's files, as corpora of one file each (`file_pieces`).
+        describe: the corpus's description, for errors.
         tokenizer: the run's tokenizer.
         settings: what the objective needs of the tokens (`run_stores.store_settings`).
         objective: the run's objective (one phase).
@@ -161,7 +166,8 @@ class StreamBatches(IterableDataset):
 
     def __init__(
         self,
-        corpus,
+        pieces: list,
+        describe: str,
         tokenizer: Tokenizer,
         settings: StoreSettings,
         objective: Objective,
@@ -174,8 +180,8 @@ class StreamBatches(IterableDataset):
         held_out: int,
         block_mb: float,
     ) -> None:
-        self.pieces = [piece for piece, _ in file_pieces(corpus)]
-        self.describe = corpus.describe()
+        self.pieces = pieces
+        self.describe = describe
         self.tokenizer = tokenizer
         self.settings = settings
         self.objective = objective
