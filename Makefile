@@ -40,7 +40,7 @@ TCMALLOC_PRELOAD = $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC) TCMALLOC_LARGE_ALLOC_
 RUN     = LMPIPE_FROM_MAKE=1 $(PRELOAD) exec $(PY) -m
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock docs docs-serve pretrain generate evaluate-lm fill-mask finetune glue evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-gpu bench-memory lint format clean lm-eval lm-eval-setup
+.PHONY: help setup lock docs docs-serve pretrain generate evaluate-lm fill-mask finetune glue evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-recipes bench-gpu bench-memory lint format clean lm-eval lm-eval-setup
 
 help:  ## List the targets
 	@echo "usage: make <target> [hydra overrides...]   e.g. make pretrain model=gpt trainer.max_steps=50"
@@ -122,6 +122,9 @@ bench-data: $(STAMP)  ## Token-store MB/s vs raw tokenizer, loader batches/s (QU
 
 bench-loss: $(STAMP)  ## Time to loss: make pretrain vs a transformers loop, same budget (QUICK=1: short; ARGS="--recipe K=V ..." replaces the best recipe)
 	$(PRELOAD) $(PY) bench/bench_time_to_loss.py $(if $(QUICK),--quick) --out outputs/bench/time_to_loss.json $(ARGS)
+
+bench-recipes: $(STAMP)  ## Recipe study: each family's reference vs fast recipe over seeds, budgets, corpora (hours; resumable)
+	$(PRELOAD) $(PY) bench/bench_recipes.py --out outputs/bench/recipes.json $(ARGS)
 
 bench-gpu: $(STAMP)  ## GPU only: bf16 BERT-base / GPT-124M tokens/s, MFU, memory vs transformers
 	$(PRELOAD) $(PY) bench/bench_gpu.py $(if $(QUICK),--quick) --out outputs/bench/gpu.json $(ARGS)

@@ -3,7 +3,7 @@
 gets for the same Hydra overrides.
 
     python -m bench.reference_train --out ref.json --budget-s 300 [--val-points 6] \
-        -- experiment=bert-mini-wikitext2 paths.cache_dir=...
+        -- experiment=bert-mini-wikitext2 recipe=bert-reference paths.cache_dir=...
 
 From the composed run config it takes the architecture (mapped with `models.hf`), the tokenizer
 and token store (from the cache, as `make pretrain` would), the batches and validation batches
@@ -79,6 +79,12 @@ def compose_run(overrides: list[str]) -> Run:
         raise BenchError(str(err)) from err
     if cfg.trainer.accumulate_grad_batches != 1:
         raise BenchError("the reference loop does no gradient accumulation; drop that override")
+    if cfg.optim._target_ != "torch.optim.AdamW" or cfg.get("output_bias", "zeros") != "zeros":
+        raise BenchError(
+            f"the reference loop trains the transformers model with AdamW from a zero output "
+            f"bias, not {cfg.optim._target_} (output_bias={cfg.get('output_bias')}); give its "
+            f"family's reference recipe (recipe={plan.family}-reference)"
+        )
     tokenizer = get_tokenizer(plan.tokenizer, plan.corpus, cfg.paths.cache_dir)
     datamodule = build_datamodule(cfg, plan, tokenizer)  # accumulation 1: one micro-batch
     datamodule.setup("fit")

@@ -323,10 +323,14 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 
 def check_compatible(
-    checkpoint: dict[str, Any], model_config: ModelConfig, tokenizer: Tokenizer
+    checkpoint: dict[str, Any],
+    model_config: ModelConfig,
+    tokenizer: Tokenizer,
+    optimizer: str | None = None,
 ) -> None:
-    """Raise `CheckpointLoadError` listing every model field (and the tokenizer) that differs
-    between a checkpoint and this run."""
+    """Raise `CheckpointLoadError` listing every model field (and the tokenizer, and the
+    optimizer class `optimizer`, this run's `optim._target_`, whose state the checkpoint holds)
+    that differs between a checkpoint and this run."""
     record = CheckpointRecord.of(checkpoint)
     saved = record.model_config
     if saved is None:
@@ -344,18 +348,38 @@ def check_compatible(
             "tokenizer: the checkpoint was trained with a different tokenizer (its settings are "
             "in the checkpoint's 'config' entry)"
         )
+    fixes = []
+    saved_optimizer = (record.config.get("optim") or {}).get("_target_")
+    if optimizer is not None and saved_optimizer is not None and saved_optimizer != optimizer:
+        mismatched.append(f"optim._target_: checkpoint {saved_optimizer}, this run {optimizer}")
+        fixes.append(_recipe_of(record.config, saved.get("family")))
     if mismatched:
         # vocab_size follows the tokenizer (not a setting); values as Hydra reads them
         fix = " ".join(
-            f"model.{key}={_hydra_value(saved.get(key))}"
-            for key in differing
-            if key not in ("family", "vocab_size")
+            [
+                f"model.{key}={_hydra_value(saved.get(key))}"
+                for key in differing
+                if key not in ("family", "vocab_size")
+            ]
+            + fixes
         )
         raise CheckpointLoadError(
             "the checkpoint does not fit this run's config:\n  "
             + "\n  ".join(mismatched)
             + (f"\nresume with the settings it was trained with: {fix}" if fix else "")
         )
+
+
+def _recipe_of(config: dict[str, Any], family: str | None) -> str:
+    """The override that trains with a checkpoint's optimizer again: its recipe (conf/recipe/),
+    or for a checkpoint written before recipes (when every preset trained with AdamW unless
+    optim=muon was given) the reference recipe, or Muon."""
+    recipe = config.get("recipe") or {}
+    if recipe.get("name"):
+        return f"recipe={recipe['name']}"
+    if str((config.get("optim") or {}).get("_target_", "")).endswith("MuonWithAdamW"):
+        return "optim=muon"
+    return f"recipe={family}-reference" if family else "optim=adamw_bert"
 
 
 def _hydra_value(value: Any) -> str:

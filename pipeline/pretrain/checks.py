@@ -36,7 +36,7 @@ from pipeline.run.config_keys import (
     check_seed,
 )
 from pipeline.run.errors import ConfigError, UnknownFamilyError
-from pipeline.run.families import Family, family_of_config
+from pipeline.run.families import Family, families, family_of_config
 from pipeline.training.schedules import resolve_warmup
 from tokenizer import TokenizerSpec
 
@@ -85,6 +85,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
             f"required config value(s) not set: {', '.join(missing)}; give them on the command "
             f"line, e.g. make pretrain data=text_files data.paths='corpus/*.txt'"
         )
+    _check_recipe(cfg.get("recipe"), cfg.model.get("_target_"))
     _check_setting_keys(cfg)
     model = build("model", cfg.model)
     tokenizer = build("tokenizer", cfg.tokenizer)
@@ -106,10 +107,10 @@ def check_config(cfg: DictConfig) -> RunPlan:
         )
     _check_phases(objective, model.max_seq_len, cfg.trainer)
     _check_optimizer(cfg.optim)
-    _check_muon(cfg.optim, cfg.trainer)
+    _check_muon(cfg.optim, cfg.trainer, family, cfg.get("recipe"))
     _check_probe(cfg.get("probe"), cfg.trainer)
     _check_word_vectors(cfg.get("word_vectors"), cfg.trainer)
-    _check_output_bias(cfg.get("output_bias", "zeros"), family, cfg.trainer)
+    _check_output_bias(cfg.get("output_bias", "zeros"), family, cfg.trainer, cfg.get("recipe"))
     _check_trainer(cfg.trainer)
     length = _check_budget(cfg.trainer, cfg.schedule)
     _check_run(cfg)
@@ -136,6 +137,26 @@ DATAMODULE_ARGUMENTS = (
     "micro_batches",
     "max_steps",
 )
+
+
+def _check_recipe(recipe: DictConfig | None, model_target: str | None) -> None:
+    """The recipe (conf/recipe/, whose `recipe.family` names the family it is for) fits the
+    model: a GPT given `recipe=bert-fast` would otherwise fail on a BERT-only key
+    (`model.attn_dropout`) or train with the other family's rates. Checked before the keys, from
+    the model's `_target_`, so that this is the error named."""
+    if recipe is None or recipe.get("family") is None or not model_target:
+        return
+    family = next((f for f in families() if model_target == _qualified_name(f.config_class)), None)
+    if family is not None and recipe.family != family.name:
+        raise ConfigError(
+            f"recipe={recipe.get('name')} is a recipe for {recipe.family} models, not for a "
+            f"{family.name} model; choose one of its family's (recipe={family.name}-fast or "
+            f"recipe={family.name}-reference, conf/recipe/) or drop the recipe override"
+        )
+
+
+def _qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _check_setting_keys(cfg: DictConfig) -> None:
@@ -229,14 +250,17 @@ def _check_budget(trainer: DictConfig, schedule: DictConfig) -> RunLength:
     return length
 
 
-def _check_muon(optim: DictConfig, trainer: DictConfig) -> None:
+def _check_muon(
+    optim: DictConfig, trainer: DictConfig, family: Family, recipe: DictConfig | None
+) -> None:
     """Muon orthogonalizes whole weight matrices, which FSDP shards (pipeline/training/muon.py)."""
     if not str(optim.get("_target_", "")).endswith("MuonWithAdamW"):
         return
     if _shards_weights(trainer):
+        instead = _fsdp_recipe(recipe, family) or f"an AdamW optimizer (optim=adamw_{family.name})"
         raise ConfigError(
-            "optim=muon needs whole weight matrices, which trainer=fsdp shards; use trainer=ddp "
-            "with optim=muon, or an AdamW optimizer with FSDP (optim=adamw_gpt)"
+            "optim=muon needs whole weight matrices, which trainer=fsdp shards; use "
+            f"trainer=ddp, or with FSDP {instead}"
         )
     if optim.get("momentum", 0) < 0 or optim.get("momentum", 0) >= 1:
         raise ConfigError(f"optim.momentum must be in [0, 1), got {optim.momentum}")
@@ -245,6 +269,14 @@ def _check_muon(optim: DictConfig, trainer: DictConfig) -> None:
             f"optim.adjust_lr_fn={optim.adjust_lr_fn!r} is not one of match_rms_adamw (Muon's "
             "update at AdamW's RMS: the same lr works), original, or null"
         )
+
+
+def _fsdp_recipe(recipe: DictConfig | None, family: Family) -> str | None:
+    """The fix for a setting that FSDP refuses and that came with a fast recipe (Muon, the
+    unigram bias): the family's reference recipe, which has neither; None for other recipes."""
+    if recipe is not None and recipe.get("name") == f"{family.name}-fast":
+        return f"the AdamW recipe (recipe={family.name}-reference)"
+    return None
 
 
 def _shards_weights(trainer: DictConfig) -> bool:
@@ -273,7 +305,9 @@ def _check_word_vectors(node: DictConfig | None, trainer: DictConfig) -> None:
         raise ConfigError(f"word_vectors.window={window!r}: use a positive integer, e.g. 5")
 
 
-def _check_output_bias(choice: object, family: Family, trainer: DictConfig) -> None:
+def _check_output_bias(
+    choice: object, family: Family, trainer: DictConfig, recipe: DictConfig | None
+) -> None:
     """`output_bias=unigram` sets BERT's masked-LM bias, whole, on each process
     (pipeline/pretrain/corpus_init.py)."""
     if choice not in OUTPUT_BIAS_CHOICES:
@@ -288,7 +322,9 @@ def _check_output_bias(choice: object, family: Family, trainer: DictConfig) -> N
             f"output_bias={choice} needs an output bias, and a {family.name} model's output layer has "
             "none (the Llama layout); drop it (output_bias=zeros)"
         )
-    _refuse_sharded(trainer, f"output_bias={choice}", "drop it (output_bias=zeros)")
+    instead = _fsdp_recipe(recipe, family)
+    drop = "drop it (output_bias=zeros)" + (f", or take {instead}" if instead else "")
+    _refuse_sharded(trainer, f"output_bias={choice}", drop)
 
 
 # How to run without the probes a command asked for (they are off unless `probe=` is given;

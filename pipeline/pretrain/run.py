@@ -249,7 +249,7 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         warn_if_short_vocabulary(plan.tokenizer, tokenizer)
     module, datamodule, trainer = assemble(cfg, plan, tokenizer, run_dir, resumed=resumed)
     if resumed is not None:
-        check_compatible(resumed.contents, module.model_config, tokenizer)
+        check_compatible(resumed.contents, module.model_config, tokenizer, cfg.optim._target_)
     if first_process():
         # a corpus too small for the run fails here, before the run folder holds anything
         datamodule.check_documents(trainer.world_size)

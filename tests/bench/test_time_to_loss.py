@@ -202,7 +202,7 @@ def test_reference_losses_are_defined_as_ours(tmp_path, family):
     from pipeline.run.families import family_named
 
     run = reference_train.compose_run(
-        [f"model={family}-tiny", *TINY, f"paths.cache_dir={tmp_path}"]
+        [f"model={family}-tiny", f"recipe={family}-reference", *TINY, f"paths.cache_dir={tmp_path}"]
     )
     torch.manual_seed(0)
     hf = reference_train.build_model(family, run.model_config, torch.device("cpu")).eval()
@@ -236,7 +236,13 @@ def test_reference_calibration_times_steps_after_a_warm_up_pass(tmp_path, monkey
     """The plan is priced from warm steps: one pass over the sample batches is left out, and
     the median of the timed steps (all reported) is the step time."""
     run = reference_train.compose_run(
-        ["model=bert-tiny", *TINY, "trainer.limit_val_batches=2", f"paths.cache_dir={tmp_path}"]
+        [
+            "model=bert-tiny",
+            "recipe=bert-reference",
+            *TINY,
+            "trainer.limit_val_batches=2",
+            f"paths.cache_dir={tmp_path}",
+        ]
     )
     seconds = iter([10.0, 9.0, 8.0, 7.0] + [1.0, 3.0, 2.0, 1.5] * 2)  # slow first steps
     real_step = reference_train.train_step
@@ -263,12 +269,19 @@ def test_reference_calibration_times_steps_after_a_warm_up_pass(tmp_path, monkey
     assert calibration["step_s"] == pytest.approx(1.75)  # the median of the warm steps
 
 
+def test_the_reference_loop_refuses_a_recipe_it_would_not_follow(tmp_path):
+    """The transformers loop trains with AdamW from a zero bias: given the fast recipe (Muon,
+    the unigram bias) it would silently stop being the reference."""
+    with pytest.raises(BenchError, match=r"give its family's reference recipe \(recipe=bert-ref"):
+        reference_train.compose_run(["model=bert-tiny", *TINY, f"paths.cache_dir={tmp_path}"])
+
+
 def test_reference_loop_trains_validates_and_reports(tmp_path):
     out = tmp_path / "ref.json"
     report = reference_train.main(
         [
             "--out", str(out), "--budget-s", "600", "--max-steps", "3", "--val-every", "2",
-            "--", "model=bert-tiny", *TINY, "trainer.limit_val_batches=2",
+            "--", "model=bert-tiny", "recipe=bert-reference", *TINY, "trainer.limit_val_batches=2",
             f"paths.cache_dir={tmp_path}/cache",
         ]
     )  # fmt: skip

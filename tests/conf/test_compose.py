@@ -18,6 +18,7 @@ from models.config import BertConfig, GPTConfig
 from models.gpt import GPT
 from pipeline.pretrain.checks import check_config
 from pipeline.pretrain.run import trainer_arguments
+from pipeline.run.errors import ConfigError
 from pipeline.training.optim import build_optimizer
 from tests.conftest import CONF, compose_pretrain
 from tests.pipeline.task_data import point_shipped_corpora_at
@@ -43,7 +44,7 @@ def reads_glue_texts(group: str, option: str) -> bool:
     return any(c._target_ == "datamodules.task_texts.TaskTextsCorpus" for c in corpora)
 
 
-GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine"}
+GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine", "gpt-reference", "gpt-fast"}
 # adamw_finetune leaves lr to pipeline/finetune/run.py (by model width); tests/pipeline/test_finetune.py
 FINETUNE_ONLY = {("optim", "adamw_finetune")}
 OPTIONS = [
@@ -65,6 +66,8 @@ def overrides_for(group: str, option: str, tmp_path: Path, text_file: Path) -> l
     overrides = [f"{group}={option}", f"paths.cache_dir={tmp_path}"]
     if option in GPT_ONLY_OPTIONS:
         overrides.append("model=gpt")
+    if (group, option) == ("trainer", "fsdp"):  # the default fast recipe's Muon is refused there
+        overrides.append("recipe=bert-reference")
     reads_local_files = (group == "data" and option in FILE_DATA) or group == "experiment"
     if reads_glue_texts(group, option):  # test_option_composes_and_instantiates writes them
         reads_local_files = False
@@ -87,6 +90,7 @@ def test_every_group_has_options():
         "trainer",
         "logger",
         "paths",
+        "recipe",
         "experiment",
         "debug",
     } <= set(GROUPS)
@@ -124,6 +128,20 @@ def test_option_composes_and_instantiates(group, option, tmp_path, text_file, mo
     assert plan.family in ("bert", "gpt")
 
 
+# The recipe (conf/recipe/) each model preset trains with unless recipe= says otherwise: the
+# CPU-sized presets the fast one (the recipe study's winner), the paper-sized ones the published.
+RECIPE_OF_MODEL = {
+    "bert": "bert-fast",
+    "bert-tiny": "bert-fast",
+    "bert-base": "bert-reference",
+    "bert-large": "bert-reference",
+    "gpt": "gpt-fast",
+    "gpt-tiny": "gpt-fast",
+    "gpt-124m": "gpt-reference",
+    "gpt-1b": "gpt-reference",
+}
+
+
 @pytest.mark.parametrize(
     ("model", "family", "config_type", "tokenizer", "schedule"),
     [
@@ -139,12 +157,46 @@ def test_option_composes_and_instantiates(group, option, tmp_path, text_file, mo
 )
 def test_model_choice_pulls_in_a_consistent_recipe(model, family, config_type, tokenizer, schedule):
     cfg = compose_pretrain(f"model={model}")
+    assert cfg.recipe == {"name": RECIPE_OF_MODEL[model], "family": family}
     plan = check_config(cfg)
     assert plan.family == family
     assert isinstance(plan.model, config_type)
     assert plan.tokenizer.kind == tokenizer
     assert cfg.schedule._target_.endswith(schedule)
-    assert cfg.optim.betas[1] == (0.999 if family == "bert" else 0.95)
+
+
+def test_recipes_set_what_they_name():
+    """reference: the published AdamW recipe; fast: Muon at a higher rate with a 2% warmup,
+    and for BERT no dropout and the unigram output bias. Sizes set in a preset (bert-base's
+    rate and warmup) stay the preset's whichever recipe is chosen."""
+    bert = compose_pretrain("model=bert", "recipe=bert-reference")
+    assert bert.optim._target_ == "torch.optim.AdamW" and list(bert.optim.betas) == [0.9, 0.999]
+    assert (bert.optim.lr, bert.schedule.warmup_ratio, bert.output_bias) == (5e-4, 0.1, "zeros")
+    assert (bert.model.dropout, bert.model.attn_dropout) == (0.1, 0.1)
+    fast = compose_pretrain("model=bert", "recipe=bert-fast")
+    assert fast.optim._target_.endswith("MuonWithAdamW")
+    assert (fast.optim.lr, fast.schedule.warmup_ratio, fast.output_bias) == (2e-3, 0.02, "unigram")
+    assert (fast.model.dropout, fast.model.attn_dropout) == (0.0, 0.0)
+    assert fast.schedule._target_ == bert.schedule._target_
+    gpt = compose_pretrain("model=gpt", "recipe=gpt-reference")
+    assert gpt.optim._target_ == "torch.optim.AdamW" and list(gpt.optim.betas) == [0.9, 0.95]
+    assert (gpt.optim.lr, gpt.schedule.warmup_ratio) == (1e-3, 0.05)
+    fast = compose_pretrain("model=gpt", "recipe=gpt-fast")
+    assert fast.optim._target_.endswith("MuonWithAdamW")
+    assert (fast.optim.lr, fast.schedule.warmup_ratio, fast.model.dropout) == (3e-3, 0.02, 0.0)
+    base = compose_pretrain("model=bert-base", "recipe=bert-fast")
+    assert (base.optim.lr, base.schedule.warmup_steps) == (1e-4, 10000)
+
+
+def test_a_recipe_of_the_other_family_is_refused_by_name():
+    for overrides, message in [
+        (("model=gpt", "recipe=bert-fast"), r"recipe=bert-fast is a recipe for bert models, not "),
+        (("model=bert", "recipe=gpt-fast"), r"its family's \(recipe=bert-fast or recipe=bert-ref"),
+        (("model=gpt-124m", "recipe=bert-reference"), r"not for a gpt model"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            check_config(compose_pretrain(*overrides))
+    assert check_config(compose_pretrain("model=gpt", "recipe=gpt-fast")).family == "gpt"
 
 
 def test_size_presets_have_published_shapes():

@@ -234,7 +234,7 @@ def test_unknown_model_fails_with_the_choices(tmp_path):
 # A typo that Hydra accepts when added with `+`, as its own message suggests, given to each
 # command whose optimizer is built from conf/optim/ (finetune and glue fail before reading ckpt).
 TYPO_COMMANDS = {
-    "pretrain": ["model=bert-tiny"],
+    "pretrain": ["model=bert-tiny", "recipe=bert-reference"],  # AdamW, as fine-tuning's
     "finetune": ["ckpt=never-read"],
     "glue": ["ckpt=never-read"],
 }

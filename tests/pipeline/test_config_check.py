@@ -63,8 +63,19 @@ from tests.conftest import CONF, compose_pretrain
         (["trainer.val_check_interval=0.5"], r"val_check_interval must be a whole number"),
         (["checkpoint.keep_last=0"], r"checkpoint\.keep_last must be an integer >= 1, got 0"),
         (["module.max_nonfinite_steps=0"], r"module\.max_nonfinite_steps must be an integer"),
-        (["trainer=fsdp", "trainer.strategy.sharding_strategy=zero3"], r"zero3.*FULL_SHARD"),
-        (["probe=glue", "trainer=fsdp"], r"probe=\.\.\. is not supported with trainer=fsdp"),
+        (["trainer=fsdp"], r"with FSDP the AdamW recipe \(recipe=bert-reference\)$"),
+        (
+            ["experiment=bert-mini-budget", "trainer=fsdp"],  # Muon on the reference recipe
+            r"with FSDP an AdamW optimizer \(optim=adamw_bert\)$",
+        ),
+        (
+            ["recipe=bert-reference", "trainer=fsdp", "trainer.strategy.sharding_strategy=zero3"],
+            r"zero3.*FULL_SHARD",
+        ),
+        (
+            ["recipe=bert-reference", "probe=glue", "trainer=fsdp"],
+            r"probe=\.\.\. is not supported with trainer=fsdp",
+        ),
         (["probe=glue", "probe.every_n_steps=0"], r"probe\.every_n_steps=0: use a positive"),
         (["probe=glue", "~probe.tasks"], r"probe\.tasks is empty"),
     ],
@@ -108,8 +119,9 @@ def test_unknown_keys_name_the_setting_that_works_when_pasted(override, fix):
     for a typo) is a ConfigError before anything is built; the suggested override, given
     instead, passes the check."""
     key = override.lstrip("+").split("=")[0]
+    adamw = "recipe=bert-reference"  # the optim keys above are AdamW's
     with pytest.raises(ConfigError) as refused:
-        check_config(compose_pretrain(override))
+        check_config(compose_pretrain(adamw, override))
     message = str(refused.value)
     assert message.startswith(f"{key} is not a setting")
     if fix is None:
@@ -118,7 +130,7 @@ def test_unknown_keys_name_the_setting_that_works_when_pasted(override, fix):
         return
     assert f"did you mean: {fix}" in message
     [pasted] = shlex.split(fix)
-    check_config(compose_pretrain(pasted))
+    check_config(compose_pretrain(adamw, pasted))
 
 
 def test_unknown_keys_of_other_presets_and_nested_targets():
@@ -148,11 +160,13 @@ def test_targets_that_take_any_keyword_are_not_checked():
 
 def test_every_config_of_the_pretraining_groups_passes_the_key_check():
     """No preset, experiment or group option sets a key its constructor does not take."""
-    for group in ("model", "experiment", "data", "optim", "trainer", "logger"):
+    for group in ("model", "experiment", "data", "optim", "recipe", "trainer", "logger"):
         for option in sorted((CONF / group).glob("*.yaml")):
             overrides = [f"{group}={option.stem}"]
             if group == "optim" and option.stem == "muon":
                 overrides.append("model=gpt")
+            if group == "recipe":  # bert-fast, gpt-reference, ...: with its family's model
+                overrides.insert(0, f"model={option.stem.split('-')[0]}")
             _check_setting_keys(compose_pretrain(*overrides))
 
 
@@ -174,7 +188,7 @@ def test_text_where_a_number_goes_is_named_before_the_run(override, message):
     """A value that the constructor's annotation says is a number, given as text (or a
     fraction for a whole number), would fail deep inside the run with a TypeError."""
     with pytest.raises(ConfigError, match=message):
-        check_config(compose_pretrain(override))
+        check_config(compose_pretrain("recipe=bert-reference", override))
 
 
 def compose_finetune(*overrides: str):

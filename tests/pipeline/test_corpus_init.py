@@ -31,6 +31,19 @@ def test_unigram_log_frequencies_are_the_smoothed_counts():
         unigram_log_frequencies(docs, vocab_size=3)
 
 
+def test_unigram_counting_stops_after_max_tokens_of_whole_documents():
+    """A streamed corpus of any size is read only as far as the count needs."""
+
+    def documents():
+        yield np.array([1, 1, 2])
+        yield np.array([3, 3])  # the count reaches max_tokens=4 inside this document
+        raise AssertionError("read past the documents the count needed")
+
+    got = unigram_log_frequencies(documents(), vocab_size=4, smoothing=0.5, max_tokens=4)
+    counts = [0.5, 2.5, 1.5, 2.5]
+    assert torch.allclose(got, torch.tensor([math.log(c / sum(counts)) for c in counts]))
+
+
 class _StartingModel(L.Callback):
     """A copy of the model as the first step receives it."""
 
@@ -75,5 +88,7 @@ def test_output_bias_settings_that_cannot_work_are_config_errors():
     with pytest.raises(ConfigError, match="gpt model's output layer has none"):
         check_config(compose_pretrain("model=gpt-tiny", "output_bias=unigram"))
     with pytest.raises(ConfigError, match="not supported with trainer=fsdp"):
-        check_config(compose_pretrain("output_bias=unigram", "trainer=fsdp"))
+        check_config(
+            compose_pretrain("recipe=bert-reference", "output_bias=unigram", "trainer=fsdp")
+        )
     check_config(compose_pretrain("model=gpt-tiny", "output_bias=zeros"))  # the default: fine

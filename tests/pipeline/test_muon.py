@@ -179,7 +179,10 @@ def test_a_restored_optimizer_continues_exactly():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["trainer=fsdp"], "use trainer=ddp"),
+        (
+            ["trainer=fsdp"],
+            r"use trainer=ddp, or with FSDP the AdamW recipe \(recipe=gpt-reference\)",
+        ),
         (["optim.adjust_lr_fn=sqrt"], "optim.adjust_lr_fn='sqrt'"),
         (["optim.momentum=1.5"], "optim.momentum must be in"),
     ],

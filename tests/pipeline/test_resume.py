@@ -35,11 +35,13 @@ from tests.pipeline.test_blimp import write_blimp
 from tests.pipeline.test_probe import probe_overrides, probe_steps, write_probe_tasks
 from tokenizer import TokenizerSpec, get_tokenizer
 
-# bert-tiny has dropout, so the RNG state must be restored too; 40 optimizer steps with a
-# checkpoint every 5 leave time to kill the process mid-run. Precision is pinned: null picks
-# bf16 or fp32 by timing both in each process, so under load a resumed run could pick the other.
+# bert-tiny with the reference recipe (AdamW) has dropout, so the RNG state must be restored
+# too (Muon has its own test below); 40 optimizer steps with a checkpoint every 5 leave time to
+# kill the process mid-run. Precision is pinned: null picks bf16 or fp32 by timing both in each
+# process, so under load a resumed run could pick the other.
 RUN = (
     "model=bert-tiny",
+    "recipe=bert-reference",
     "trainer.precision=32",
     "objective.batch_size=8",
     "trainer.val_check_interval=20",
@@ -528,6 +530,31 @@ def test_check_compatible_lists_every_mismatched_field(small_docs, tmp_path):
         check_compatible(saved, other, tokenizer)
     assert "model.n_layers: checkpoint 2, this run 3" in str(err.value)
     assert "model.d_ff: checkpoint 512, this run 256" in str(err.value)
+
+
+def test_a_checkpoint_of_another_optimizer_names_the_recipe_it_trained_with(small_docs, tmp_path):
+    """Resuming a run trained with AdamW under the fast recipe (Muon) would load AdamW's state
+    into Muon: refused, naming the override that trains as the checkpoint did (for a checkpoint
+    older than recipes, whose presets trained with AdamW, the reference recipe)."""
+    config = BertConfig.from_preset("tiny", vocab_size=1000)
+    tokenizer = get_tokenizer(
+        TokenizerSpec(kind="wordpiece", vocab_size=500), ListCorpus(small_docs), tmp_path
+    )
+    muon = "pipeline.training.muon.MuonWithAdamW"
+    before_recipes = {
+        "model_config": CheckpointRecord.describe_model(config),
+        "config": {"optim": {"_target_": "torch.optim.AdamW"}},
+    }
+    check_compatible(before_recipes, config, tokenizer, "torch.optim.AdamW")
+    with pytest.raises(CheckpointLoadError) as err:
+        check_compatible(before_recipes, config, tokenizer, muon)
+    assert f"optim._target_: checkpoint torch.optim.AdamW, this run {muon}" in str(err.value)
+    assert str(err.value).endswith("trained with: recipe=bert-reference")
+    with_recipe = before_recipes | {
+        "config": {"optim": {"_target_": muon}, "recipe": {"name": "bert-fast", "family": "bert"}}
+    }
+    with pytest.raises(CheckpointLoadError, match=r"trained with: recipe=bert-fast$"):
+        check_compatible(with_recipe, config, tokenizer, "torch.optim.AdamW")
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:

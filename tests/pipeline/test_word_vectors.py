@@ -148,4 +148,4 @@ def test_bad_word_vector_settings_are_config_errors():
     with pytest.raises(ConfigError, match=r"word_vectors.window=0"):
         check_config(compose_pretrain("word_vectors=ppmi", "word_vectors.window=0"))
     with pytest.raises(ConfigError, match="not supported with trainer=fsdp"):
-        check_config(compose_pretrain("word_vectors=ppmi", "trainer=fsdp"))
+        check_config(compose_pretrain("recipe=bert-reference", "word_vectors=ppmi", "trainer=fsdp"))

@@ -1,0 +1,345 @@
+"""The recipe study: which recipe should each family's presets default to?
+
+For every family (BERT mini, GPT mini), corpus (WikiText-2, tiny Shakespeare), time budget and
+seed, `make pretrain` trains the model twice, once with each recipe of conf/recipe/
+(`<family>-reference`: the paper's or nanoGPT's AdamW recipe; `<family>-fast`: Muon, a higher
+rate, a short warmup, and for BERT no dropout and the unigram output bias), both runs paced to
+the same budget (`trainer.budget`) on the same seed, one after the other. Each run is scored on
+its held-out documents at its last step (the run's own validation: GPT bits per byte, BERT
+masked-LM loss, lower is better) and, unless `--blimp-pairs 0`, on the first N pairs of each
+BLiMP phenomenon (`make evaluate-lm suite=blimp`, without twin or n-gram; higher is better).
+
+Reported per cell (family, corpus, budget): each recipe's mean over seeds, and fast - reference
+paired by seed with a 95% t interval. A recipe wins a cell when the interval of its held-out
+difference excludes zero; the verdict per family counts the cells each recipe wins.
+
+The study is long (3 seeds x {2, 10, 20} minutes x 2 corpora x 2 families x 2 recipes is about
+13 hours of training on one machine), so it runs in pieces: each finished run is kept as
+`<work-dir>/cells/<run>.json` with the machine it ran on, a later call skips the runs already
+there and reports every run it finds, and runs are paired only with a run of the same seed on
+the same CPU. Runs are sequential; anything else on the machine takes steps from both recipes.
+
+    make bench-recipes ARGS="--budgets 2m --seeds 1 2 3"
+    make bench-recipes ARGS="--models bert --corpora wikitext2 --budgets 20m"
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from bench.common import (
+    REPO,
+    SHARED,
+    BenchError,
+    child_env,
+    command_line,
+    finish,
+    machine,
+    markdown_table,
+    require_data,
+    run_measured,
+    write_json,
+)
+from pipeline.suites.seeds import paired_difference, summarize_seeds
+
+EXPERIMENTS = {"bert": "bert-mini-wikitext2", "gpt": "gpt-mini-wikitext2"}
+RECIPES = ("reference", "fast")
+TINY_SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"
+BLIMP = SHARED / "blimp"
+# The corpus overrides on top of the family's experiment (which trains on WikiText-2).
+CORPORA: dict[str, list[str]] = {
+    "wikitext2": [],
+    "shakespeare": [
+        "data=text_files",
+        f"data.paths=[{TINY_SHAKESPEARE}]",
+        "data.doc_split=blank_line",
+    ],
+}
+# The held-out figure of each family, read from the run's last validation (lower is better).
+HELD_OUT = {"bert": "val/mlm_loss", "gpt": "val/bits_per_byte"}
+
+
+class Cell(NamedTuple):
+    """One training run of the study."""
+
+    family: str
+    corpus: str
+    budget: str
+    recipe: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-{self.corpus}-{self.budget}-{self.recipe}-seed{self.seed}"
+
+    def overrides(self) -> list[str]:
+        return [
+            f"experiment={EXPERIMENTS[self.family]}",
+            f"recipe={self.family}-{self.recipe}",
+            *CORPORA[self.corpus],
+            f"trainer.budget={self.budget}",
+            f"seed={self.seed}",
+            f"run_name={self.name}",
+        ]
+
+
+def plan(args: argparse.Namespace) -> list[Cell]:
+    """The runs in the order they run: the two recipes of one seed back to back, so that a
+    machine whose speed drifts over the study treats both alike."""
+    return [
+        Cell(family, corpus, budget, recipe, seed)
+        for budget in args.budgets
+        for family in args.models
+        for corpus in args.corpora
+        for seed in args.seeds
+        for recipe in RECIPES
+    ]
+
+
+def last_validation(metrics_csv: Path) -> dict:
+    """The run's last validation row of `logs/metrics.csv` (numbers only), with its step."""
+    if not metrics_csv.is_file():
+        raise BenchError(f"no metrics at {metrics_csv}: the run wrote no CSV log")
+    with metrics_csv.open() as f:
+        rows = [row for row in csv.DictReader(f) if row.get("val/loss")]
+    if not rows:
+        raise BenchError(f"{metrics_csv} has no validation row")
+    return {k: float(v) for k, v in rows[-1].items() if v and (k == "step" or k.startswith("val/"))}
+
+
+def run_cell(cell: Cell, args: argparse.Namespace, where: dict) -> dict:
+    """Train one run, score it, and keep its result as `cells/<name>.json`."""
+    runs = args.work_dir / "runs"
+    run_dir = runs / cell.family / cell.name  # each experiment's model preset is its family
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier attempt that did not finish
+    log_dir = args.work_dir / "logs"
+    python = [sys.executable, "-m"]
+    print(f"{cell.name}: training", flush=True)
+    trained = run_measured(
+        [
+            *python,
+            "pipeline.commands.pretrain",
+            *cell.overrides(),
+            f"paths.output_root={runs}",
+            "logger=csv",
+            "+trainer.enable_progress_bar=false",
+            *args.overrides,
+        ],
+        log_dir / f"{cell.name}.log",
+        env=child_env(),
+    )
+    result = {
+        "cell": cell._asdict(),
+        "machine": where,
+        "date": datetime.date.today().isoformat(),
+        "overrides": cell.overrides() + list(args.overrides),
+        "set": list(args.overrides),
+        "wall_s": trained.wall_s,
+        "validation": last_validation(run_dir / "logs" / "metrics.csv"),
+        "blimp": None,
+    }
+    if args.blimp_pairs:
+        print(f"{cell.name}: BLiMP, {args.blimp_pairs} pairs per phenomenon", flush=True)
+        scores = args.work_dir / "blimp" / f"{cell.name}.json"
+        run_measured(
+            [
+                *python,
+                "pipeline.commands.evaluate_lm",
+                f"ckpt={run_dir}",
+                "suite=blimp",
+                f"suite.dir={BLIMP}",
+                f"suite.pairs={args.blimp_pairs}",
+                "suite.twin=false",
+                "suite.ngram_order=null",
+                f"out={scores}",
+            ],
+            log_dir / f"{cell.name}.blimp.log",
+            env=child_env(),
+        )
+        model_row = json.loads(scores.read_text())["rows"][0]
+        result["blimp"] = {"pairs": args.blimp_pairs, "overall": model_row["overall"]}
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # ~50 MB each; the logs stay
+    write_json(result, args.work_dir / "cells" / f"{cell.name}.json")
+    return result
+
+
+def load_cells(cells_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(cells_dir.glob("*-seed*.json"))]
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """One row per (family, corpus, budget): each recipe over seeds, and fast - reference paired
+    by seed (runs of one seed on different CPUs are not paired)."""
+    groups: dict[tuple, dict[str, dict[int, dict]]] = {}
+    for r in results:
+        c = r["cell"]
+        key = (c["family"], c["corpus"], c["budget"])
+        groups.setdefault(key, {}).setdefault(c["recipe"], {})[c["seed"]] = r
+    rows = []
+    for (family, corpus, budget), by_recipe in sorted(groups.items()):
+        metric = HELD_OUT[family]
+        ref, fast = by_recipe.get("reference", {}), by_recipe.get("fast", {})
+        paired = [s for s in ref if s in fast and _same_cpu(ref[s], fast[s])]
+        row = {"family": family, "corpus": corpus, "budget": budget, "metric": metric}
+        for recipe, runs in (("reference", ref), ("fast", fast)):
+            row[recipe] = {
+                "seeds": sorted(runs),
+                "held_out": _summary([r["validation"][metric] for r in runs.values()]),
+                "steps": _summary([r["validation"]["step"] for r in runs.values()]),
+                "blimp": _summary([r["blimp"]["overall"] for r in runs.values() if r["blimp"]]),
+            }
+        row["fast_minus_reference"] = {
+            "held_out": _difference(fast, ref, paired, lambda r, m=metric: r["validation"][m]),
+            "blimp": _difference(
+                fast,
+                ref,
+                [s for s in paired if fast[s]["blimp"] and ref[s]["blimp"]],
+                lambda r: r["blimp"]["overall"],
+            ),
+        }
+        held_out = row["fast_minus_reference"]["held_out"]
+        row["winner"] = None
+        if (
+            held_out
+            and held_out["low"] is not None
+            and (held_out["low"] > 0 or held_out["high"] < 0)
+        ):
+            row["winner"] = "fast" if held_out["mean"] < 0 else "reference"
+        rows.append(row)
+    return rows
+
+
+def _same_cpu(a: dict, b: dict) -> bool:
+    """Whether two runs trained on the same kind of machine (CPU model and core count): only
+    such runs' budgets bought the same compute."""
+    return all(a["machine"].get(k) == b["machine"].get(k) for k in ("cpu", "cpus"))
+
+
+def _summary(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    s = summarize_seeds(values)
+    return {"n": s.n, "mean": s.mean, "std": s.std}
+
+
+def _difference(a: dict, b: dict, seeds: list[int], score) -> dict | None:
+    if not seeds:
+        return None
+    d = paired_difference({s: score(a[s]) for s in seeds}, {s: score(b[s]) for s in seeds})
+    return {"n": d.n, "mean": d.mean, "low": d.low, "high": d.high}
+
+
+def verdict(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """Per family: how many cells each recipe won, and how many showed no difference."""
+    counts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        tally = counts.setdefault(row["family"], {"fast": 0, "reference": 0, "no difference": 0})
+        tally[row["winner"] or "no difference"] += 1
+    return counts
+
+
+def table(rows: list[dict]) -> str:
+    def spread(s: dict | None, digits: int) -> str:
+        if s is None:
+            return "—"
+        return f"{s['mean']:.{digits}f}" + (f" ± {s['std']:.{digits}f}" if s["n"] > 1 else "")
+
+    def interval(d: dict | None, digits: int) -> str:
+        if d is None:
+            return "—"
+        if d["low"] is None:
+            return f"{d['mean']:+.{digits}f}"
+        return f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
+
+    lines = []
+    for row in rows:
+        ref, fast, diff = row["reference"], row["fast"], row["fast_minus_reference"]
+        paired = diff["held_out"]["n"] if diff["held_out"] else 0
+        lines.append(
+            [
+                f"{row['family']} · {row['corpus']} · {row['budget']}",
+                str(paired),
+                row["metric"],
+                spread(ref["held_out"], 3),
+                spread(fast["held_out"], 3),
+                interval(diff["held_out"], 3),
+                f"{spread(ref['steps'], 0)} / {spread(fast['steps'], 0)}",
+                f"{spread(ref['blimp'], 1)} / {spread(fast['blimp'], 1)}",
+                interval(diff["blimp"], 1),
+                row["winner"] or "no difference shown",
+            ]
+        )
+    headers = [
+        "family · corpus · budget",
+        "paired seeds",
+        "held-out figure",
+        "reference",
+        "fast",
+        "fast - reference [95%]",
+        "steps (ref / fast)",
+        "BLiMP (ref / fast)",
+        "BLiMP fast - ref [95%]",
+        "winner (held-out)",
+    ]
+    return markdown_table(headers, lines, left=3)
+
+
+def run(args: argparse.Namespace) -> dict:
+    if "shakespeare" in args.corpora:
+        require_data(TINY_SHAKESPEARE, "tiny Shakespeare")
+    if args.blimp_pairs:
+        require_data(BLIMP, "BLiMP")
+    cells_dir = args.work_dir / "cells"
+    kept = load_cells(cells_dir)
+    other = sorted({tuple(r.get("set", [])) for r in kept} - {tuple(args.overrides)})
+    if other:
+        raise BenchError(
+            f"{cells_dir} holds runs made with other --set overrides ({list(other[0])}); give "
+            f"them again, or start another study with --work-dir"
+        )
+    where = machine()
+    done = {Cell(**r["cell"]).name for r in kept}
+    todo = [c for c in plan(args) if c.name not in done]
+    print(f"recipe study: {len(todo)} runs to make, {len(done)} kept in {cells_dir}", flush=True)
+    for cell in todo:
+        run_cell(cell, args, where)
+    rows = summarize(load_cells(cells_dir))
+    report = {"machine": where, "args": _plain(vars(args)), "rows": rows, "verdict": verdict(rows)}
+    text = table(rows) + "\n\nwins per family: " + json.dumps(report["verdict"])
+    return finish(report, text, args.out)
+
+
+def _plain(values: dict) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(EXPERIMENTS), default=["bert", "gpt"])
+    parser.add_argument("--corpora", nargs="+", choices=sorted(CORPORA), default=sorted(CORPORA))
+    parser.add_argument(
+        "--budgets", nargs="+", default=["2m", "10m", "20m"], help="trainer.budget of each run"
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument(
+        "--blimp-pairs", type=int, default=20, help="BLiMP pairs per phenomenon; 0: no BLiMP"
+    )
+    parser.add_argument("--work-dir", type=Path, default=REPO / "outputs" / "bench" / "recipes")
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "outputs" / "bench" / "recipes.json", help="the report"
+    )
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    command_line(main)

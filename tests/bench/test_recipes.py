@@ -1,0 +1,155 @@
+"""The recipe study: its plan, the runs it composes, what it reads back from a run, its paired
+arithmetic and verdict, and that a second call skips the runs already kept."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from bench import bench_recipes
+from bench.bench_recipes import Cell, last_validation, plan, summarize, verdict
+from bench.common import BenchError
+from pipeline.pretrain.checks import _check_setting_keys
+from tests.conftest import compose_pretrain
+
+
+def arguments(tmp_path, **changes) -> argparse.Namespace:
+    values = {
+        "models": ["bert", "gpt"],
+        "corpora": ["wikitext2"],
+        "budgets": ["2m"],
+        "seeds": [1, 2, 3],
+        "blimp_pairs": 0,
+        "work_dir": tmp_path / "study",
+        "out": tmp_path / "recipes.json",
+        "overrides": [],
+    }
+    return argparse.Namespace(**(values | changes))
+
+
+def test_the_two_recipes_of_a_seed_run_back_to_back(tmp_path):
+    cells = plan(arguments(tmp_path, budgets=["2m", "10m"]))
+    assert len(cells) == 2 * 2 * 3 * 2 and len({c.name for c in cells}) == len(cells)
+    for first, second in zip(cells[::2], cells[1::2], strict=True):
+        assert (first.recipe, second.recipe) == ("reference", "fast")
+        assert first._replace(recipe="fast") == second
+    assert [c.budget for c in cells[:12]] == ["2m"] * 12  # a budget is finished before the next
+
+
+@pytest.mark.parametrize("corpus", sorted(bench_recipes.CORPORA))
+@pytest.mark.parametrize("family", sorted(bench_recipes.EXPERIMENTS))
+def test_each_run_composes_into_its_family_recipe_and_corpus(family, corpus):
+    fast = compose_pretrain(*Cell(family, corpus, "2m", "fast", 2).overrides())
+    reference = compose_pretrain(*Cell(family, corpus, "2m", "reference", 2).overrides())
+    for cfg in (fast, reference):
+        _check_setting_keys(cfg)
+        assert (cfg.trainer.budget, cfg.seed) == ("2m", 2)
+        assert cfg.model._target_.endswith("BertConfig" if family == "bert" else "GPTConfig")
+    assert fast.optim._target_.endswith("MuonWithAdamW")
+    assert reference.optim._target_ == "torch.optim.AdamW"
+    assert fast.data == reference.data
+    if corpus == "shakespeare":
+        assert list(fast.data.paths) == [str(bench_recipes.TINY_SHAKESPEARE)]
+
+
+def test_last_validation_is_the_last_row_with_a_validation(tmp_path):
+    metrics = tmp_path / "metrics.csv"
+    metrics.write_text(
+        "step,train/loss,val/loss,val/bits_per_byte\n"
+        "10,5.0,4.5,2.0\n"
+        "20,4.0,,\n"
+        "30,3.5,4.0,1.8\n"
+        "35,3.4,,\n"
+    )
+    assert last_validation(metrics) == {"step": 30.0, "val/loss": 4.0, "val/bits_per_byte": 1.8}
+    metrics.write_text("step,train/loss,val/loss\n10,5.0,\n")
+    with pytest.raises(BenchError, match="has no validation row"):
+        last_validation(metrics)
+    with pytest.raises(BenchError, match="no metrics at"):
+        last_validation(tmp_path / "missing.csv")
+
+
+def result(recipe: str, seed: int, held_out: float, blimp: float | None, cpu: str = "cpu A"):
+    return {
+        "cell": Cell("gpt", "wikitext2", "2m", recipe, seed)._asdict(),
+        "machine": {"cpu": cpu},
+        "validation": {"step": 100.0 + seed, "val/bits_per_byte": held_out},
+        "blimp": None if blimp is None else {"pairs": 20, "overall": blimp},
+    }
+
+
+def test_paired_differences_over_seeds_and_the_winner():
+    results = [
+        result("reference", 1, 2.0, 50.0),
+        result("fast", 1, 1.8, 52.0),
+        result("reference", 2, 2.1, 51.0),
+        result("fast", 2, 1.85, 51.0),
+        result("reference", 3, 2.2, 49.0),
+        result("fast", 3, 2.05, 53.0),
+    ]
+    (row,) = summarize(results)
+    diff = row["fast_minus_reference"]["held_out"]
+    assert diff["n"] == 3 and diff["mean"] == pytest.approx(-0.2)
+    # the three differences -0.2, -0.25, -0.15: sd 0.05, t(0.975, 2) = 4.303
+    assert diff["high"] == pytest.approx(-0.2 + 4.303 * 0.05 / 3**0.5, abs=1e-3)
+    assert row["winner"] == "fast"  # lower bits per byte, the interval below zero
+    assert row["fast_minus_reference"]["blimp"]["mean"] == pytest.approx(2.0)
+    assert row["reference"]["held_out"]["mean"] == pytest.approx(2.1)
+    assert row["fast"]["steps"]["mean"] == pytest.approx(102.0)
+    assert verdict([row]) == {"gpt": {"fast": 1, "reference": 0, "no difference": 0}}
+    assert "gpt · wikitext2 · 2m" in bench_recipes.table([row])
+
+
+def test_no_winner_without_an_interval_clear_of_zero_and_no_pairs_across_cpus():
+    results = [
+        result("reference", 1, 2.0, None),
+        result("fast", 1, 1.9, None),
+        result("reference", 2, 2.0, None),
+        result("fast", 2, 2.1, None),
+        result("reference", 3, 2.0, None),
+        result("fast", 3, 1.0, None, cpu="cpu B"),  # another machine: not paired
+    ]
+    (row,) = summarize(results)
+    assert row["fast_minus_reference"]["held_out"]["n"] == 2
+    assert row["winner"] is None and row["fast_minus_reference"]["blimp"] is None
+    assert verdict([row])["gpt"]["no difference"] == 1
+    assert "no difference shown" in bench_recipes.table([row])
+
+
+def test_a_second_call_skips_the_runs_kept_and_reports_them_all(tmp_path, monkeypatch):
+    made = []
+
+    def fake_run(cell, args, where):
+        made.append(cell.name)
+        held_out = 1.5 if cell.recipe == "fast" else 2.0 + 0.1 * cell.seed
+        kept = result(cell.recipe, cell.seed, held_out, None) | {"cell": cell._asdict()}
+        (args.work_dir / "cells").mkdir(parents=True, exist_ok=True)
+        (args.work_dir / "cells" / f"{cell.name}.json").write_text(json.dumps(kept))
+        return kept
+
+    monkeypatch.setattr(bench_recipes, "run_cell", fake_run)
+    monkeypatch.setattr(bench_recipes, "machine", lambda: {"cpu": "cpu A"})
+    args = arguments(tmp_path, models=["gpt"], seeds=[1, 2])
+    bench_recipes.run(args)
+    assert len(made) == 4
+    report = bench_recipes.run(arguments(tmp_path, models=["gpt"], seeds=[1, 2, 3]))
+    assert made[4:] == ["gpt-wikitext2-2m-reference-seed3", "gpt-wikitext2-2m-fast-seed3"]
+    (row,) = report["rows"]
+    assert row["fast_minus_reference"]["held_out"]["n"] == 3 and row["winner"] == "fast"
+    assert json.loads(args.out.read_text())["verdict"] == {
+        "gpt": {"fast": 1, "reference": 0, "no difference": 0}
+    }
+
+
+def test_runs_kept_with_other_overrides_are_not_mixed_into_a_study(tmp_path, monkeypatch):
+    cells = tmp_path / "study" / "cells"
+    cells.mkdir(parents=True)
+    kept = result("fast", 1, 1.5, None) | {"set": ["objective.batch_size=8"]}
+    (cells / "gpt-wikitext2-2m-fast-seed1.json").write_text(json.dumps(kept))
+    monkeypatch.setattr(bench_recipes, "run_cell", lambda *a: pytest.fail("ran a cell"))
+    with pytest.raises(
+        BenchError, match=r"other --set overrides \(\['objective\.batch_size=8'\]\)"
+    ):
+        bench_recipes.run(arguments(tmp_path, models=["gpt"], seeds=[1]))
