@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.errors import InstantiationException
@@ -42,6 +43,7 @@ from tokenizer import TokenizerSpec
 
 log = logging.getLogger(__name__)
 
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "conf" / "recipe"
 # The longest position table allowed, as a multiple of the trained sequence length (BERT: 512/128).
 UNTRAINED_POSITIONS_RATIO = 4
 PRECISIONS = (None, "32", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
@@ -143,15 +145,20 @@ def _check_recipe(recipe: DictConfig | None, model_target: str | None) -> None:
     """The recipe (conf/recipe/, whose `recipe.family` names the family it is for) fits the
     model: a GPT given `recipe=bert-fast` would otherwise fail on a BERT-only key
     (`model.attn_dropout`) or train with the other family's rates. Checked before the keys, from
-    the model's `_target_`, so that this is the error named."""
+    the model's `_target_`, so that this is the error named. A family with no recipe of its own
+    (one registered outside the pipeline, built on another family's preset) may train with any."""
     if recipe is None or recipe.get("family") is None or not model_target:
         return
     family = next((f for f in families() if model_target == _qualified_name(f.config_class)), None)
-    if family is not None and recipe.family != family.name:
+    if family is None or recipe.family == family.name:
+        return
+    own = sorted(p.stem for p in RECIPES_DIR.glob(f"{family.name}-*.yaml"))
+    if own:
         raise ConfigError(
             f"recipe={recipe.get('name')} is a recipe for {recipe.family} models, not for a "
-            f"{family.name} model; choose one of its family's (recipe={family.name}-fast or "
-            f"recipe={family.name}-reference, conf/recipe/) or drop the recipe override"
+            f"{family.name} model; choose one of its family's "
+            f"({' or '.join(f'recipe={name}' for name in own)}, conf/recipe/) or drop the "
+            "recipe override"
         )
 
 

@@ -83,6 +83,7 @@ def test_accumulated_step_gradient_is_the_mean_over_all_predictions(tmp_path, sm
         tmp_path,
         small_docs,
         "model=bert-tiny",
+        "recipe=bert-reference",  # the zero output bias that `initial` copies (no count first)
         "model.dropout=0",
         "model.attn_dropout=0",
         "objective.batch_size=4",
