@@ -26,7 +26,6 @@ the same CPU. Runs are sequential; anything else on the machine takes steps from
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import shutil
@@ -49,6 +48,7 @@ from bench.common import (
     run_measured,
     write_json,
 )
+from pipeline.report import read_metrics
 from pipeline.suites.seeds import paired_difference, summarize_seeds
 
 EXPERIMENTS = {"bert": "bert-mini-wikitext2", "gpt": "gpt-mini-wikitext2"}
@@ -106,14 +106,16 @@ def plan(args: argparse.Namespace) -> list[Cell]:
 
 
 def last_validation(metrics_csv: Path) -> dict:
-    """The run's last validation row of `logs/metrics.csv` (numbers only), with its step."""
+    """The run's last validation in `logs/metrics.csv`: its step and every `val/` figure
+    logged at it (read as `make report` reads the log)."""
     if not metrics_csv.is_file():
         raise BenchError(f"no metrics at {metrics_csv}: the run wrote no CSV log")
-    with metrics_csv.open() as f:
-        rows = [row for row in csv.DictReader(f) if row.get("val/loss")]
-    if not rows:
+    columns = read_metrics(metrics_csv)
+    if not columns.get("val/loss"):
         raise BenchError(f"{metrics_csv} has no validation row")
-    return {k: float(v) for k, v in rows[-1].items() if v and (k == "step" or k.startswith("val/"))}
+    step = max(columns["val/loss"])
+    figures = {k: v[step] for k, v in columns.items() if k.startswith("val/") and step in v}
+    return {"step": float(step), **figures}
 
 
 def run_cell(cell: Cell, args: argparse.Namespace, where: dict) -> dict:
@@ -208,11 +210,7 @@ def summarize(results: list[dict]) -> list[dict]:
         }
         held_out = row["fast_minus_reference"]["held_out"]
         row["winner"] = None
-        if (
-            held_out
-            and held_out["low"] is not None
-            and (held_out["low"] > 0 or held_out["high"] < 0)
-        ):
+        if held_out and held_out["excludes_zero"]:
             row["winner"] = "fast" if held_out["mean"] < 0 else "reference"
         rows.append(row)
     return rows
@@ -235,7 +233,13 @@ def _difference(a: dict, b: dict, seeds: list[int], score) -> dict | None:
     if not seeds:
         return None
     d = paired_difference({s: score(a[s]) for s in seeds}, {s: score(b[s]) for s in seeds})
-    return {"n": d.n, "mean": d.mean, "low": d.low, "high": d.high}
+    return {
+        "n": d.n,
+        "mean": d.mean,
+        "low": d.low,
+        "high": d.high,
+        "excludes_zero": d.excludes_zero,
+    }
 
 
 def verdict(rows: list[dict]) -> dict[str, dict[str, int]]:
