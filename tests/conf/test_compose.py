@@ -188,6 +188,20 @@ def test_recipes_set_what_they_name():
     assert (base.optim.lr, base.schedule.warmup_steps) == (1e-4, 10000)
 
 
+def test_an_optimizer_chosen_after_a_recipe_trains_at_its_own_rate():
+    """A rate belongs to its optimizer's file (conf/optim/muon_gpt.yaml holds the fast recipe's
+    3e-3): AdamW chosen on a preset whose recipe is the fast one trains at AdamW's 1e-3, not
+    at Muon's, while the recipe's schedule and regularization stay."""
+    gpt = compose_pretrain("model=gpt", "optim=adamw_gpt")
+    assert (gpt.optim._target_, gpt.optim.lr) == ("torch.optim.AdamW", 1e-3)
+    assert (gpt.recipe.name, gpt.schedule.warmup_ratio) == ("gpt-fast", 0.02)
+    bert = compose_pretrain("model=bert", "optim=adamw_bert")
+    assert (bert.optim.lr, bert.output_bias) == (5e-4, "unigram")
+    plain = compose_pretrain("model=gpt", "optim=muon")  # Muon's own file, at 1e-3
+    assert plain.optim._target_.endswith("MuonWithAdamW") and plain.optim.lr == 1e-3
+    assert compose_pretrain("model=gpt").optim.lr == 3e-3
+
+
 def test_a_recipe_of_the_other_family_is_refused_by_name():
     for overrides, message in [
         (("model=gpt", "recipe=bert-fast"), r"recipe=bert-fast is a recipe for bert models, not "),
