@@ -32,6 +32,13 @@ from pipeline.checkpoint.record import CheckpointRecord
 from pipeline.checkpoint.source import CheckpointSource, read_checkpoint
 from pipeline.run.errors import CheckpointLoadError
 from pipeline.run.folder import CHECKPOINT_DIR
+from pipeline.run.recipes import (
+    ADAMW,
+    optimizer_class,
+    optimizer_option,
+    recipe_optimizer,
+    recipe_with,
+)
 from pipeline.training.lightning_compat import (
     ResumeFileRankedCheckpoint,
     last_saved_step,
@@ -352,7 +359,8 @@ def check_compatible(
     saved_optimizer = (record.config.get("optim") or {}).get("_target_")
     if optimizer is not None and saved_optimizer is not None and saved_optimizer != optimizer:
         mismatched.append(f"optim._target_: checkpoint {saved_optimizer}, this run {optimizer}")
-        fixes.append(_recipe_of(record.config, saved.get("family")))
+        fix = _optimizer_fix(record.config, saved.get("family"))
+        fixes += [fix] if fix else []
     if mismatched:
         # vocab_size follows the tokenizer (not a setting); values as Hydra reads them
         fix = " ".join(
@@ -370,16 +378,20 @@ def check_compatible(
         )
 
 
-def _recipe_of(config: dict[str, Any], family: str | None) -> str:
-    """The override that trains with a checkpoint's optimizer again: its recipe (conf/recipe/),
-    or for a checkpoint written before recipes (when every preset trained with AdamW unless
-    optim=muon was given) the reference recipe, or Muon."""
-    recipe = config.get("recipe") or {}
-    if recipe.get("name"):
-        return f"recipe={recipe['name']}"
-    if str((config.get("optim") or {}).get("_target_", "")).endswith("MuonWithAdamW"):
-        return "optim=muon"
-    return f"recipe={family}-reference" if family else "optim=adamw_bert"
+def _optimizer_fix(config: dict[str, Any], family: str | None) -> str | None:
+    """The overrides that train with a checkpoint's optimizer again: its recipe (conf/recipe/),
+    or for a checkpoint written before recipes (when every preset trained with its family's
+    AdamW recipe) that one, plus the `optim=` option of the checkpoint's optimizer where it was
+    chosen apart from the recipe (`model=gpt optim=adamw_gpt`)."""
+    saved = (config.get("optim") or {}).get("_target_")
+    recipe = (config.get("recipe") or {}).get("name") or (
+        recipe_with(ADAMW, family) if family else None
+    )
+    if recipe and optimizer_class(recipe_optimizer(recipe)) == saved:
+        return f"recipe={recipe}"
+    option = optimizer_option(saved, family) if saved else None
+    overrides = ([f"recipe={recipe}"] if recipe else []) + ([f"optim={option}"] if option else [])
+    return " ".join(overrides) or None
 
 
 def _hydra_value(value: Any) -> str:

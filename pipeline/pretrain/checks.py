@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hydra.errors import InstantiationException
@@ -38,12 +37,12 @@ from pipeline.run.config_keys import (
 )
 from pipeline.run.errors import ConfigError, UnknownFamilyError
 from pipeline.run.families import Family, families, family_of_config
+from pipeline.run.recipes import ADAMW, MUON, optimizer_option, recipe_with, recipes_of
 from pipeline.training.schedules import resolve_warmup
 from tokenizer import TokenizerSpec
 
 log = logging.getLogger(__name__)
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "conf" / "recipe"
 # The longest position table allowed, as a multiple of the trained sequence length (BERT: 512/128).
 UNTRAINED_POSITIONS_RATIO = 4
 PRECISIONS = (None, "32", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
@@ -152,7 +151,7 @@ def _check_recipe(recipe: DictConfig | None, model_target: str | None) -> None:
     family = next((f for f in families() if model_target == _qualified_name(f.config_class)), None)
     if family is None or recipe.family == family.name:
         return
-    own = sorted(p.stem for p in RECIPES_DIR.glob(f"{family.name}-*.yaml"))
+    own = recipes_of(family.name)
     if own:
         raise ConfigError(
             f"recipe={recipe.get('name')} is a recipe for {recipe.family} models, not for a "
@@ -261,12 +260,13 @@ def _check_muon(
     optim: DictConfig, trainer: DictConfig, family: Family, recipe: DictConfig | None
 ) -> None:
     """Muon orthogonalizes whole weight matrices, which FSDP shards (pipeline/training/muon.py)."""
-    if not str(optim.get("_target_", "")).endswith("MuonWithAdamW"):
+    if optim.get("_target_") != MUON:
         return
     if _shards_weights(trainer):
-        instead = _fsdp_recipe(recipe, family) or f"an AdamW optimizer (optim=adamw_{family.name})"
+        adamw = optimizer_option(ADAMW, family.name)
+        instead = _fsdp_recipe(recipe, family) or f"an AdamW optimizer (optim={adamw})"
         raise ConfigError(
-            "optim=muon needs whole weight matrices, which trainer=fsdp shards; use "
+            "Muon needs whole weight matrices, which trainer=fsdp shards; use "
             f"trainer=ddp, or with FSDP {instead}"
         )
     if optim.get("momentum", 0) < 0 or optim.get("momentum", 0) >= 1:
@@ -279,11 +279,13 @@ def _check_muon(
 
 
 def _fsdp_recipe(recipe: DictConfig | None, family: Family) -> str | None:
-    """The fix for a setting that FSDP refuses and that came with a fast recipe (Muon, the
-    unigram bias): the family's reference recipe, which has neither; None for other recipes."""
-    if recipe is not None and recipe.get("name") == f"{family.name}-fast":
-        return f"the AdamW recipe (recipe={family.name}-reference)"
-    return None
+    """The fix for a setting that FSDP refuses and that came with the run's recipe (Muon, the
+    unigram bias of a fast recipe): the family's AdamW recipe, which has neither; None where the
+    run's recipe is that one already (the setting was chosen apart from it)."""
+    adamw = recipe_with(ADAMW, family.name)
+    if recipe is None or adamw is None or recipe.get("name") == adamw:
+        return None
+    return f"the AdamW recipe (recipe={adamw})"
 
 
 def _shards_weights(trainer: DictConfig) -> bool:

@@ -132,7 +132,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
                     group.setdefault(key, value)
                 if any(p.ndim != 2 for p in group["params"]):
                     raise ValueError(
-                        "optim=muon needs whole 2-D weight matrices, but some are not (FSDP "
+                        "Muon needs whole 2-D weight matrices, but some are not (FSDP "
                         "flattens them); use trainer=ddp, or optim=adamw_gpt with FSDP"
                     )
                 blocks = group.setdefault("row_blocks", [None] * len(group["params"]))

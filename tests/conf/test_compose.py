@@ -19,6 +19,15 @@ from models.gpt import GPT
 from pipeline.pretrain.checks import check_config
 from pipeline.pretrain.run import trainer_arguments
 from pipeline.run.errors import ConfigError
+from pipeline.run.recipes import (
+    ADAMW,
+    MUON,
+    optimizer_class,
+    optimizer_option,
+    recipe_optimizer,
+    recipe_with,
+    recipes_of,
+)
 from pipeline.training.optim import build_optimizer
 from tests.conftest import CONF, compose_pretrain
 from tests.pipeline.task_data import point_shipped_corpora_at
@@ -196,7 +205,23 @@ def test_an_optimizer_chosen_after_a_recipe_trains_at_its_own_rate():
     assert (gpt.optim._target_, gpt.optim.lr) == ("torch.optim.AdamW", 1e-3)
     assert (gpt.recipe.name, gpt.schedule.warmup_ratio) == ("gpt-fast", 0.02)
     bert = compose_pretrain("model=bert", "optim=adamw_bert")
-    assert (bert.optim.lr, bert.output_bias) == (5e-4, "unigram")
+    assert (bert.optim.lr, bert.output_bias, bert.model.dropout) == (5e-4, "unigram", 0.0)
+    assert bert.schedule.warmup_ratio == 0.02
+
+
+def test_the_recipe_files_say_which_optimizer_each_trains_with():
+    """The fixes that errors name (a resume with the checkpoint's optimizer, FSDP's AdamW) are
+    read from the recipe and optimizer files (pipeline/run/recipes.py); muon_gpt extends muon."""
+    assert recipes_of("gpt") == ["gpt-fast", "gpt-reference"]
+    assert [recipe_optimizer(name) for name in recipes_of("bert")] == ["muon_bert", "adamw_bert"]
+    assert optimizer_class("muon_gpt") == optimizer_class("muon") == MUON
+    assert (recipe_with(ADAMW, "gpt"), recipe_with(MUON, "bert")) == ("gpt-reference", "bert-fast")
+    assert (optimizer_option(MUON, "gpt"), optimizer_option(ADAMW, "bert")) == (
+        "muon_gpt",
+        "adamw_bert",
+    )
+    assert optimizer_option(MUON, "toy") == "muon" and recipe_with(ADAMW, "toy") is None
+    assert optimizer_class("no_such_optimizer") is None
     plain = compose_pretrain("model=gpt", "optim=muon")  # Muon's own file, at 1e-3
     assert plain.optim._target_.endswith("MuonWithAdamW") and plain.optim.lr == 1e-3
     assert compose_pretrain("model=gpt").optim.lr == 3e-3

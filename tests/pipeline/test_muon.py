@@ -183,6 +183,10 @@ def test_a_restored_optimizer_continues_exactly():
             ["trainer=fsdp"],
             r"use trainer=ddp, or with FSDP the AdamW recipe \(recipe=gpt-reference\)",
         ),
+        (  # Muon chosen apart from the recipe: the optimizer to put in its place
+            ["recipe=gpt-reference", "trainer=fsdp"],
+            r"use trainer=ddp, or with FSDP an AdamW optimizer \(optim=adamw_gpt\)$",
+        ),
         (["optim.adjust_lr_fn=sqrt"], "optim.adjust_lr_fn='sqrt'"),
         (["optim.momentum=1.5"], "optim.momentum must be in"),
     ],

@@ -555,6 +555,19 @@ def test_a_checkpoint_of_another_optimizer_names_the_recipe_it_trained_with(smal
     }
     with pytest.raises(CheckpointLoadError, match=r"trained with: recipe=bert-fast$"):
         check_compatible(with_recipe, config, tokenizer, "torch.optim.AdamW")
+    # an optimizer chosen apart from the recipe (model=bert optim=adamw_bert) is named with it
+    apart = before_recipes | {
+        "config": {
+            "optim": {"_target_": "torch.optim.AdamW"},
+            "recipe": {"name": "bert-fast", "family": "bert"},
+        }
+    }
+    with pytest.raises(CheckpointLoadError, match=r"with: recipe=bert-fast optim=adamw_bert$"):
+        check_compatible(apart, config, tokenizer, muon)
+    # before recipes, Muon was chosen on the AdamW presets (optim=muon)
+    muon_before = before_recipes | {"config": {"optim": {"_target_": muon}}}
+    with pytest.raises(CheckpointLoadError, match=r"with: recipe=bert-reference optim=muon_bert$"):
+        check_compatible(muon_before, config, tokenizer, "torch.optim.AdamW")
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:
