@@ -331,6 +331,8 @@ def _check_output_bias(
             f"output_bias={choice} needs an output bias, and a {family.name} model's output layer has "
             "none (the Llama layout); drop it (output_bias=zeros)"
         )
+    if not _shards_weights(trainer):  # the hint below reads the recipe files: only when refusing
+        return
     instead = _fsdp_recipe(recipe, family)
     drop = "drop it (output_bias=zeros)" + (f", or take {instead}" if instead else "")
     _refuse_sharded(trainer, f"output_bias={choice}", drop)
