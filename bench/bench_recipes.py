@@ -49,7 +49,7 @@ from bench.common import (
     write_json,
 )
 from pipeline.report import read_metrics
-from pipeline.suites.seeds import paired_difference, summarize_seeds
+from pipeline.suites.seeds import PairedDifference, paired_difference, summarize_seeds
 
 EXPERIMENTS = {"bert": "bert-mini-wikitext2", "gpt": "gpt-mini-wikitext2"}
 RECIPES = ("reference", "fast")
@@ -232,14 +232,9 @@ def _summary(values: list[float]) -> dict | None:
 def _difference(a: dict, b: dict, seeds: list[int], score) -> dict | None:
     if not seeds:
         return None
-    d = paired_difference({s: score(a[s]) for s in seeds}, {s: score(b[s]) for s in seeds})
-    return {
-        "n": d.n,
-        "mean": d.mean,
-        "low": d.low,
-        "high": d.high,
-        "excludes_zero": d.excludes_zero,
-    }
+    return paired_difference(
+        {s: score(a[s]) for s in seeds}, {s: score(b[s]) for s in seeds}
+    ).to_dict()
 
 
 def verdict(rows: list[dict]) -> dict[str, dict[str, int]]:
@@ -258,11 +253,7 @@ def table(rows: list[dict]) -> str:
         return f"{s['mean']:.{digits}f}" + (f" ± {s['std']:.{digits}f}" if s["n"] > 1 else "")
 
     def interval(d: dict | None, digits: int) -> str:
-        if d is None:
-            return "—"
-        if d["low"] is None:
-            return f"{d['mean']:+.{digits}f}"
-        return f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]"
+        return "—" if d is None else PairedDifference.from_dict(d).text(digits)
 
     lines = []
     for row in rows:

@@ -16,14 +16,14 @@ from datamodules.run_stores import prepare_stores
 from pipeline.pretrain.checks import check_config
 from pipeline.run.cli import entry_point, user_errors
 from pipeline.run.errors import ConfigError
-from pipeline.run.launcher import launcher_rank, launcher_world_size
+from pipeline.run.launcher import group_choices, launcher_rank, launcher_world_size
 from tokenizer import get_tokenizer, tokenizer_cache_path
 
 
 @hydra.main(config_path="../../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with user_errors():
-        plan = check_config(cfg)
+        plan = check_config(cfg, group_choices())
         workers = cfg.prepare.workers
         if not (isinstance(workers, int) and workers >= 1):
             raise ConfigError(

@@ -15,7 +15,7 @@ from pipeline.checkpoint.interrupt import TrainingInterrupted
 from pipeline.pretrain.checks import check_config
 from pipeline.pretrain.run import train
 from pipeline.run.cli import entry_point, make_command, user_errors
-from pipeline.run.launcher import command_overrides
+from pipeline.run.launcher import command_overrides, group_choices
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def resumed_overrides(run_name: str) -> list[str]:
 @hydra.main(config_path="../../conf", config_name="pretrain", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with user_errors():
-        plan = check_config(cfg)
+        plan = check_config(cfg, group_choices())
         log.info("resolved config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
         try:
             train(cfg, plan)

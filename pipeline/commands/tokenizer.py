@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 from pipeline.pretrain.checks import check_config
 from pipeline.run.cli import entry_point, user_errors
 from pipeline.run.families import family_named
+from pipeline.run.launcher import group_choices
 from tokenizer import batched, get_tokenizer, tokenizer_cache_path
 
 SAMPLE_PAIR = ("The quick brown fox jumps over the lazy dog.", "It was not amused.")
@@ -37,7 +38,7 @@ def measure_throughput(tokenizer: Tokenizer, corpus) -> tuple[int, int, int, flo
 @hydra.main(config_path="../../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with user_errors():
-        plan = check_config(cfg)
+        plan = check_config(cfg, group_choices())
         cache = tokenizer_cache_path(plan.tokenizer, plan.corpus, cfg.paths.cache_dir)
         reused = not plan.tokenizer.path and cache.is_file()
         start = time.perf_counter()

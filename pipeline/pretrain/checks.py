@@ -7,6 +7,7 @@ a message that names the config key; nothing has been trained, tokenized or writ
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +37,15 @@ from pipeline.run.config_keys import (
     check_seed,
 )
 from pipeline.run.errors import ConfigError, UnknownFamilyError
-from pipeline.run.families import Family, families, family_of_config
-from pipeline.run.recipes import ADAMW, MUON, optimizer_option, recipe_with, recipes_of
+from pipeline.run.families import Family, family_of_config, family_of_target
+from pipeline.run.recipes import (
+    ADAMW,
+    MUON,
+    optimizer_option,
+    recipe_optimizer,
+    recipe_with,
+    recipes_of,
+)
 from pipeline.training.schedules import resolve_warmup
 from tokenizer import TokenizerSpec
 
@@ -73,8 +81,9 @@ def build(key: str, node: DictConfig, **kwargs: Any) -> Any:
         raise ConfigError(f"{key}: cannot build {node.get('_target_')}: {err}") from err
 
 
-def check_config(cfg: DictConfig) -> RunPlan:
-    """Validate a composed pretraining config and build its parts.
+def check_config(cfg: DictConfig, choices: Mapping[str, str | None] | None = None) -> RunPlan:
+    """Validate a composed pretraining config and build its parts. `choices` (the option of each
+    config group, `pipeline.run.launcher.group_choices`) lets an error name the option to change.
 
     Raises:
         ConfigError: a missing required value, an invalid value, or parts that do not fit
@@ -108,7 +117,7 @@ def check_config(cfg: DictConfig) -> RunPlan:
         )
     _check_phases(objective, model.max_seq_len, cfg.trainer)
     _check_optimizer(cfg.optim)
-    _check_muon(cfg.optim, cfg.trainer, family, cfg.get("recipe"))
+    _check_muon(cfg.optim, cfg.trainer, family, cfg.get("recipe"), (choices or {}).get("optim"))
     _check_probe(cfg.get("probe"), cfg.trainer)
     _check_word_vectors(cfg.get("word_vectors"), cfg.trainer)
     _check_output_bias(cfg.get("output_bias", "zeros"), family, cfg.trainer, cfg.get("recipe"))
@@ -148,7 +157,7 @@ def _check_recipe(recipe: DictConfig | None, model_target: str | None) -> None:
     (one registered outside the pipeline, built on another family's preset) may train with any."""
     if recipe is None or recipe.get("family") is None or not model_target:
         return
-    family = next((f for f in families() if model_target == _qualified_name(f.config_class)), None)
+    family = family_of_target(model_target)
     if family is None or recipe.family == family.name:
         return
     own = recipes_of(family.name)
@@ -159,10 +168,6 @@ def _check_recipe(recipe: DictConfig | None, model_target: str | None) -> None:
             f"({' or '.join(f'recipe={name}' for name in own)}, conf/recipe/) or drop the "
             "recipe override"
         )
-
-
-def _qualified_name(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _check_setting_keys(cfg: DictConfig) -> None:
@@ -257,14 +262,23 @@ def _check_budget(trainer: DictConfig, schedule: DictConfig) -> RunLength:
 
 
 def _check_muon(
-    optim: DictConfig, trainer: DictConfig, family: Family, recipe: DictConfig | None
+    optim: DictConfig,
+    trainer: DictConfig,
+    family: Family,
+    recipe: DictConfig | None,
+    chosen: str | None,
 ) -> None:
-    """Muon orthogonalizes whole weight matrices, which FSDP shards (pipeline/training/muon.py)."""
+    """Muon orthogonalizes whole weight matrices, which FSDP shards (pipeline/training/muon.py).
+    `chosen` is the run's `optim=` option, where known: when it is not the recipe's (the command
+    line or an experiment chose it), another recipe would not remove Muon, so the fix names the
+    AdamW option to put in its place."""
     if optim.get("_target_") != MUON:
         return
     if _shards_weights(trainer):
         adamw = optimizer_option(ADAMW, family.name)
-        instead = _fsdp_recipe(recipe, family) or f"an AdamW optimizer (optim={adamw})"
+        from_recipe = recipe is not None and chosen in (None, recipe_optimizer(recipe.get("name")))
+        instead = _fsdp_recipe(recipe, family) if from_recipe else None
+        instead = instead or f"an AdamW optimizer (optim={adamw})"
         raise ConfigError(
             "Muon needs whole weight matrices, which trainer=fsdp shards; use "
             f"trainer=ddp, or with FSDP {instead}"

@@ -143,6 +143,19 @@ def family_of_config(config: object) -> Family:
     raise UnknownFamilyError(f"no model family has the config type {type(config).__name__}")
 
 
+def family_of_target(target: str) -> Family | None:
+    """The family whose architecture dataclass a config's `_target_` names (the dotted path), or
+    None: a model node is checked by this before it is built."""
+    return next(
+        (
+            family
+            for family in _REGISTRY.values()
+            if target == f"{family.config_class.__module__}.{family.config_class.__qualname__}"
+        ),
+        None,
+    )
+
+
 def family_of_model(model: nn.Module) -> Family:
     """The family of a model or a backbone."""
     for family in _REGISTRY.values():

@@ -65,6 +65,15 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
 
 
+def group_choices() -> dict[str, str | None]:
+    """This job's option of each config group (`optim` -> `muon_gpt`), whether the command line,
+    an experiment, a preset or a recipe chose it ({} outside a `@hydra.main` job, e.g. in tests)."""
+    try:
+        return dict(HydraConfig.get().runtime.choices)
+    except ValueError:
+        return {}
+
+
 def command_overrides() -> list[str]:
     """This job's command-line overrides ([] outside a `@hydra.main` job, e.g. in tests)."""
     try:

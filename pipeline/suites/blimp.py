@@ -129,10 +129,7 @@ class BlimpReport:
         ):
             diff = self.versus(other)
             if diff is not None and diff.low is not None:
-                notes.append(
-                    f"Model minus {name}: {diff.mean:+.1f} [{diff.low:+.1f}, {diff.high:+.1f}] "
-                    "(95% interval over phenomena)."
-                )
+                notes.append(f"Model minus {name}: {diff.text()} (95% interval over phenomena).")
         if self.below_ngram:
             notes.append(
                 "**Below the n-gram model of its own corpus**: the model has not learned more "

@@ -3,6 +3,7 @@ spread) and the report (pipeline/report: mean ± standard deviation)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Iterable
@@ -78,6 +79,21 @@ class PairedDifference:
     def excludes_zero(self) -> bool:
         """Whether the interval lies wholly on one side of zero (False without an interval)."""
         return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
+
+    def text(self, digits: int = 1) -> str:
+        """`+1.9 [-1.8, +5.5]`: the mean and its interval (the mean alone without one)."""
+        if self.low is None or self.high is None:
+            return f"{self.mean:+.{digits}f}"
+        return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+
+    def to_dict(self) -> dict:
+        """The fields, and whether the interval excludes zero (for a JSON report)."""
+        return {**dataclasses.asdict(self), "excludes_zero": self.excludes_zero}
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> PairedDifference:
+        """The difference that `to_dict` wrote."""
+        return cls(**{field.name: fields[field.name] for field in dataclasses.fields(cls)})
 
 
 def paired_difference(

@@ -153,11 +153,7 @@ def _shown(row: TaskRow, side: Side) -> str:
 
 
 def _difference(diff: PairedDifference | None) -> str:
-    if diff is None:
-        return "-"
-    if diff.low is None or diff.high is None:
-        return f"{diff.mean:+.1f}"
-    return f"{diff.mean:+.1f} [{diff.low:+.1f}, {diff.high:+.1f}]"
+    return "-" if diff is None else diff.text()
 
 
 def summarize_suite(folder: str | Path) -> SuiteSummary:

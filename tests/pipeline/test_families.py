@@ -27,6 +27,7 @@ from pipeline.run.families import (
     families,
     family_named,
     family_of_config,
+    family_of_target,
     register,
     unregister,
 )
@@ -146,6 +147,9 @@ def test_the_two_families_are_registered_once_each():
     assert family_of_config(GPTConfig(vocab_size=128)).model_vocab_size(1000) == 1024
     with pytest.raises(UnknownFamilyError, match="'t5' is not one of bert, gpt"):
         family_named("t5")
+    # a model node's `_target_`, before it is built (the recipe check reads it)
+    assert family_of_target("models.config.GPTConfig").name == "gpt"
+    assert family_of_target(f"{__name__}.ToyConfig") is None  # no such family registered
 
 
 def test_a_third_family_trains_checkpoints_and_loads_through_the_generic_paths(

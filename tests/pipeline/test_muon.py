@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 
 import pytest
 import torch
@@ -176,21 +177,56 @@ def test_a_restored_optimizer_continues_exactly():
         assert torch.equal(a, b), name
 
 
+def check_as_the_command_would(*overrides: str):
+    """check_config with the config groups' options, as `make pretrain` passes them."""
+    choices = compose_pretrain(*overrides, hydra_node=True).hydra.runtime.choices
+    return check_config(compose_pretrain(*overrides), dict(choices))
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (
-            ["trainer=fsdp"],
-            r"use trainer=ddp, or with FSDP the AdamW recipe \(recipe=gpt-reference\)",
+        (  # Muon came with the preset's recipe: the family's AdamW recipe removes it
+            ["model=gpt", "trainer=fsdp"],
+            r"use trainer=ddp, or with FSDP the AdamW recipe \(recipe=gpt-reference\)$",
         ),
-        (  # Muon chosen apart from the recipe: the optimizer to put in its place
-            ["recipe=gpt-reference", "trainer=fsdp"],
+        (  # and for BERT it removes the unigram bias too, which FSDP would refuse next
+            ["model=bert", "trainer=fsdp"],
+            r"with FSDP the AdamW recipe \(recipe=bert-reference\)$",
+        ),
+        (  # Muon chosen apart from the recipe: another recipe would keep it
+            ["model=gpt", "optim=muon", "trainer=fsdp"],
             r"use trainer=ddp, or with FSDP an AdamW optimizer \(optim=adamw_gpt\)$",
         ),
-        (["optim.adjust_lr_fn=sqrt"], "optim.adjust_lr_fn='sqrt'"),
-        (["optim.momentum=1.5"], "optim.momentum must be in"),
+        (
+            ["model=gpt", "optim=muon", "recipe=gpt-reference", "trainer=fsdp"],
+            r"use trainer=ddp, or with FSDP an AdamW optimizer \(optim=adamw_gpt\)$",
+        ),
+        (["model=gpt", "optim=muon", "optim.adjust_lr_fn=sqrt"], "optim.adjust_lr_fn='sqrt'"),
+        (["model=gpt", "optim=muon", "optim.momentum=1.5"], "optim.momentum must be in"),
     ],
 )
 def test_muon_settings_that_cannot_work_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        check_config(compose_pretrain("model=gpt", "optim=muon", *overrides))
+        check_as_the_command_would(*overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=gpt", "trainer=fsdp"],
+        ["model=bert", "trainer=fsdp"],
+        ["model=gpt", "optim=muon", "trainer=fsdp"],
+        ["model=gpt", "optim=muon", "recipe=gpt-reference", "trainer=fsdp"],
+    ],
+)
+def test_the_fsdp_fix_named_passes_the_check_when_pasted(overrides):
+    """The option the refusal names, put in place of the one of its group on the command line
+    (or added), gives a run that the check accepts."""
+    with pytest.raises(ConfigError, match="with FSDP") as refusal:
+        check_as_the_command_would(*overrides)
+    fix = re.search(r"\((\w+)=([\w-]+)\)$", str(refusal.value))
+    assert fix, str(refusal.value)
+    group = fix.group(1)
+    fixed = [o for o in overrides if not o.startswith(f"{group}=")] + [fix.group(0)[1:-1]]
+    check_as_the_command_would(*fixed)

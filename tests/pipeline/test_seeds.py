@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from pipeline.suites.seeds import SeedSummary, paired_difference, summarize_seeds, t_quantile
+from pipeline.suites.seeds import (
+    PairedDifference,
+    SeedSummary,
+    paired_difference,
+    summarize_seeds,
+    t_quantile,
+)
 
 
 def test_summary_of_three_seeds():
@@ -74,3 +82,14 @@ def test_paired_difference_of_one_seed_has_no_interval():
     assert diff.mean == pytest.approx(0.2)
     with pytest.raises(ValueError, match="no seed in common"):
         paired_difference({1: 0.8}, {2: 0.6})
+
+
+def test_paired_difference_as_text_and_through_json():
+    diff = paired_difference({1: 3.0, 2: 5.0, 3: 4.0}, {1: 1.0, 2: 1.0, 3: 1.0})
+    # differences 2, 4, 3: mean 3, sd 1, half width 4.3027 / sqrt(3) = 2.484
+    assert diff.text() == "+3.0 [+0.5, +5.5]"
+    assert diff.text(2) == "+3.00 [+0.52, +5.48]"
+    assert paired_difference({1: 0.5}, {1: 0.75}).text(3) == "-0.250"
+    written = json.loads(json.dumps(diff.to_dict()))
+    assert written["excludes_zero"] is True
+    assert PairedDifference.from_dict(written) == diff
