@@ -7,7 +7,6 @@ a message that names the config key; nothing has been trained, tokenized or writ
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +37,7 @@ from pipeline.run.config_keys import (
 )
 from pipeline.run.errors import ConfigError, UnknownFamilyError
 from pipeline.run.families import Family, family_of_config, family_of_target
+from pipeline.run.launcher import GroupChoices
 from pipeline.run.recipes import (
     ADAMW,
     MUON,
@@ -81,7 +81,7 @@ def build(key: str, node: DictConfig, **kwargs: Any) -> Any:
         raise ConfigError(f"{key}: cannot build {node.get('_target_')}: {err}") from err
 
 
-def check_config(cfg: DictConfig, choices: Mapping[str, str | None] | None = None) -> RunPlan:
+def check_config(cfg: DictConfig, choices: GroupChoices | None = None) -> RunPlan:
     """Validate a composed pretraining config and build its parts. `choices` (the option of each
     config group, `pipeline.run.launcher.group_choices`) lets an error name the option to change.
 
@@ -117,7 +117,7 @@ def check_config(cfg: DictConfig, choices: Mapping[str, str | None] | None = Non
         )
     _check_phases(objective, model.max_seq_len, cfg.trainer)
     _check_optimizer(cfg.optim)
-    _check_muon(cfg.optim, cfg.trainer, family, cfg.get("recipe"), (choices or {}).get("optim"))
+    _check_muon(cfg.optim, cfg.trainer, family, cfg.get("recipe"), choices or GroupChoices())
     _check_probe(cfg.get("probe"), cfg.trainer)
     _check_word_vectors(cfg.get("word_vectors"), cfg.trainer)
     _check_output_bias(cfg.get("output_bias", "zeros"), family, cfg.trainer, cfg.get("recipe"))
@@ -266,17 +266,18 @@ def _check_muon(
     trainer: DictConfig,
     family: Family,
     recipe: DictConfig | None,
-    chosen: str | None,
+    choices: GroupChoices,
 ) -> None:
     """Muon orthogonalizes whole weight matrices, which FSDP shards (pipeline/training/muon.py).
-    `chosen` is the run's `optim=` option, where known: when it is not the recipe's (the command
-    line or an experiment chose it), another recipe would not remove Muon, so the fix names the
-    AdamW option to put in its place."""
+    Where the run's `optim=` option was chosen apart from its recipe (typed, or an experiment's),
+    another recipe would not remove Muon, so the fix names the AdamW option to put in its place."""
     if optim.get("_target_") != MUON:
         return
     if _shards_weights(trainer):
         adamw = optimizer_option(ADAMW, family.name)
-        from_recipe = recipe is not None and chosen in (None, recipe_optimizer(recipe.get("name")))
+        from_recipe = recipe is not None and not choices.apart_from(
+            "optim", recipe_optimizer(recipe.get("name"))
+        )
         instead = _fsdp_recipe(recipe, family) if from_recipe else None
         instead = instead or f"an AdamW optimizer (optim={adamw})"
         raise ConfigError(

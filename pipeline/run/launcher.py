@@ -7,6 +7,8 @@ Library modules ask these; the command-line plumbing (`pipeline.run.cli`) uses t
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from hydra.core.hydra_config import HydraConfig
@@ -65,13 +67,34 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True)
 
 
-def group_choices() -> dict[str, str | None]:
-    """This job's option of each config group (`optim` -> `muon_gpt`), whether the command line,
-    an experiment, a preset or a recipe chose it ({} outside a `@hydra.main` job, e.g. in tests)."""
+@dataclass(frozen=True)
+class GroupChoices:
+    """The option of each config group (`optim` -> `muon_gpt`), and the groups the command line
+    gave: whether the command line, an experiment, a preset or a recipe chose it, an error's fix
+    must replace an option the user typed rather than name a recipe that would not override it."""
+
+    options: Mapping[str, str | None] = field(default_factory=dict)
+    typed: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, options: Mapping[str, str | None], overrides: Iterable[str]) -> GroupChoices:
+        """From Hydra's `runtime.choices` and the command's overrides (`optim=muon`, `+probe=glue`)."""
+        keys = (override.split("=", 1)[0].lstrip("+~") for override in overrides if "=" in override)
+        return cls(dict(options), frozenset(key for key in keys if key in options))
+
+    def apart_from(self, group: str, option: str | None) -> bool:
+        """Whether `group`'s option was chosen apart from `option` (what a recipe selects): typed
+        on the command line, or another option (an experiment's); False where nothing is known."""
+        return group in self.typed or self.options.get(group, option) != option
+
+
+def group_choices() -> GroupChoices:
+    """This job's group options and typed groups (none outside a `@hydra.main` job, e.g. in tests)."""
     try:
-        return dict(HydraConfig.get().runtime.choices)
+        hydra = HydraConfig.get()
     except ValueError:
-        return {}
+        return GroupChoices()
+    return GroupChoices.of(hydra.runtime.choices, hydra.overrides.task)
 
 
 def command_overrides() -> list[str]:

@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import Logger, WandbLogger
@@ -58,6 +57,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
 from pipeline.run.errors import ConfigError
+from pipeline.run.launcher import group_choices
 from pipeline.training.lightning_compat import AppendingCSVLogger as AppendingCSVLogger
 
 log = logging.getLogger(__name__)
@@ -173,9 +173,7 @@ def default_placement(cfg: DictConfig, run_dir: Path) -> dict[str, str]:
     """Where a run appears in wandb unless `logger.wandb` says otherwise: project
     `lmpipe-<model preset>`, group the experiment (else the run name), name the run name (a
     numbered multirun job: `<sweep folder>-<job number>`)."""
-    choices: dict[str, Any] = {}
-    if HydraConfig.initialized():
-        choices = dict(HydraConfig.get().runtime.choices)
+    choices = group_choices().options
     model = choices.get("model")
     name = run_dir.name
     if name.isdigit():  # a multirun job folder

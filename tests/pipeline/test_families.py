@@ -152,6 +152,11 @@ def test_the_two_families_are_registered_once_each():
     assert family_of_target(f"{__name__}.ToyConfig") is None  # no such family registered
 
 
+def test_a_registered_family_is_found_by_its_config_target(toy_family):
+    assert family_of_target("tests.pipeline.test_families.ToyConfig") is toy_family
+    assert family_of_target("models.config.BertConfig").name == "bert"
+
+
 def test_a_third_family_trains_checkpoints_and_loads_through_the_generic_paths(
     toy_family, tmp_path
 ):

@@ -16,10 +16,11 @@ from models.config import BertConfig, GPTConfig
 from models.gpt import GPT
 from pipeline.pretrain.checks import check_config
 from pipeline.run.errors import ConfigError
+from pipeline.run.launcher import GroupChoices
 from pipeline.training import precision
 from pipeline.training.muon import MuonWithAdamW, fast_dtype, orthogonalize
 from pipeline.training.optim import build_optimizer
-from tests.conftest import compose_pretrain
+from tests.conftest import compose_pretrain, run_pretrain
 
 GPT_CONFIG = GPTConfig(
     vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32
@@ -180,7 +181,7 @@ def test_a_restored_optimizer_continues_exactly():
 def check_as_the_command_would(*overrides: str):
     """check_config with the config groups' options, as `make pretrain` passes them."""
     choices = compose_pretrain(*overrides, hydra_node=True).hydra.runtime.choices
-    return check_config(compose_pretrain(*overrides), dict(choices))
+    return check_config(compose_pretrain(*overrides), GroupChoices.of(choices, overrides))
 
 
 @pytest.mark.parametrize(
@@ -202,6 +203,10 @@ def check_as_the_command_would(*overrides: str):
             ["model=gpt", "optim=muon", "recipe=gpt-reference", "trainer=fsdp"],
             r"use trainer=ddp, or with FSDP an AdamW optimizer \(optim=adamw_gpt\)$",
         ),
+        (  # typed, though it is the recipe's own option: a recipe= would not override it
+            ["model=gpt", "optim=muon_gpt", "trainer=fsdp"],
+            r"use trainer=ddp, or with FSDP an AdamW optimizer \(optim=adamw_gpt\)$",
+        ),
         (["model=gpt", "optim=muon", "optim.adjust_lr_fn=sqrt"], "optim.adjust_lr_fn='sqrt'"),
         (["model=gpt", "optim=muon", "optim.momentum=1.5"], "optim.momentum must be in"),
     ],
@@ -212,21 +217,37 @@ def test_muon_settings_that_cannot_work_are_named(overrides, message):
 
 
 @pytest.mark.parametrize(
-    "overrides",
+    ("overrides", "refusals"),
     [
-        ["model=gpt", "trainer=fsdp"],
-        ["model=bert", "trainer=fsdp"],
-        ["model=gpt", "optim=muon", "trainer=fsdp"],
-        ["model=gpt", "optim=muon", "recipe=gpt-reference", "trainer=fsdp"],
+        (["model=gpt", "trainer=fsdp"], 1),
+        (["model=bert", "trainer=fsdp"], 1),  # the recipe brought Muon and the unigram bias
+        (["model=gpt", "optim=muon", "trainer=fsdp"], 1),
+        (["model=gpt", "optim=muon", "recipe=gpt-reference", "trainer=fsdp"], 1),
+        # Muon typed, the unigram bias from the recipe: each refusal names its own fix
+        (["model=bert", "optim=muon_bert", "trainer=fsdp"], 2),
     ],
 )
-def test_the_fsdp_fix_named_passes_the_check_when_pasted(overrides):
-    """The option the refusal names, put in place of the one of its group on the command line
-    (or added), gives a run that the check accepts."""
-    with pytest.raises(ConfigError, match="with FSDP") as refusal:
-        check_as_the_command_would(*overrides)
-    fix = re.search(r"\((\w+)=([\w-]+)\)$", str(refusal.value))
-    assert fix, str(refusal.value)
-    group = fix.group(1)
-    fixed = [o for o in overrides if not o.startswith(f"{group}=")] + [fix.group(0)[1:-1]]
-    check_as_the_command_would(*fixed)
+def test_the_fsdp_fixes_named_pass_the_check_when_pasted(overrides, refusals):
+    """The option each refusal names, put in place of the one of its group on the command line
+    (or added), removes what was refused, and after `refusals` of them the check accepts."""
+    seen = []
+    for _ in range(refusals):
+        with pytest.raises(ConfigError, match="trainer=fsdp") as refusal:
+            check_as_the_command_would(*overrides)
+        message = str(refusal.value)
+        assert message not in seen, f"the fix named did not remove the refusal: {message}"
+        seen.append(message)
+        fix = re.search(r"\((\w+)=([\w-]+)\)$", message)
+        assert fix, message
+        key, option = fix.groups()
+        overrides = [o for o in overrides if not o.startswith(f"{key}=")] + [f"{key}={option}"]
+    check_as_the_command_would(*overrides)
+
+
+def test_the_pretrain_command_names_the_fix_for_the_option_typed(tmp_path):
+    """`make pretrain` gives the check its group options: Muon typed on the command line is
+    refused with the AdamW option to type instead (a recipe= would not override it)."""
+    done = run_pretrain(tmp_path, "model=gpt-tiny", "optim=muon", "trainer=fsdp", timeout=300)
+    assert done.returncode != 0
+    assert "with FSDP an AdamW optimizer (optim=adamw_gpt)" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "out").exists()  # refused before a run folder was made
