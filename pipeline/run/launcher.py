@@ -69,9 +69,9 @@ def register_resolvers() -> None:
 
 @dataclass(frozen=True)
 class GroupChoices:
-    """The option of each config group (`optim` -> `muon_gpt`), and the groups the command line
-    gave: whether the command line, an experiment, a preset or a recipe chose it, an error's fix
-    must replace an option the user typed rather than name a recipe that would not override it."""
+    """The option of each config group (`optim` -> `muon_gpt`), and which groups the command line
+    typed. An error's fix needs both: an option the user typed is replaced, since a recipe named
+    instead would not override it."""
 
     options: Mapping[str, str | None] = field(default_factory=dict)
     typed: frozenset[str] = frozenset()
