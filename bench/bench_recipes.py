@@ -6,8 +6,11 @@ seed, `make pretrain` trains the model twice, once with each recipe of conf/reci
 rate, a short warmup, and for BERT no dropout and the unigram output bias), both runs paced to
 the same budget (`trainer.budget`) on the same seed, one after the other. Each run is scored on
 its held-out documents at its last step (the run's own validation: GPT bits per byte, BERT
-masked-LM loss, lower is better) and, unless `--blimp-pairs 0`, on the first N pairs of each
-BLiMP phenomenon (`make evaluate-lm suite=blimp`, without twin or n-gram; higher is better).
+masked-LM loss, lower is better; the last step is what `ckpt=<run>` loads, and it decides the
+cell) and, unless `--blimp-pairs 0`, on the first N pairs of each BLiMP phenomenon
+(`make evaluate-lm suite=blimp`, without twin or n-gram; higher is better). The lowest held-out
+figure during the run, and its step, are reported beside: a run whose last figure sits above its
+lowest has memorized its corpus (its kept best checkpoint is the better model).
 
 Reported per cell (family, corpus, budget): each recipe's mean over seeds, and fast - reference
 paired by seed with a 95% t interval. A recipe wins a cell when the interval of its held-out
@@ -105,17 +108,32 @@ def plan(args: argparse.Namespace) -> list[Cell]:
     ]
 
 
-def last_validation(metrics_csv: Path) -> dict:
-    """The run's last validation in `logs/metrics.csv`: its step and every `val/` figure
-    logged at it (read as `make report` reads the log)."""
+def validations(metrics_csv: Path) -> list[dict]:
+    """Every validation of the run in `logs/metrics.csv`, in step order: its step and every
+    `val/` figure logged at it (read as `make report` reads the log)."""
     if not metrics_csv.is_file():
         raise BenchError(f"no metrics at {metrics_csv}: the run wrote no CSV log")
     columns = read_metrics(metrics_csv)
     if not columns.get("val/loss"):
         raise BenchError(f"{metrics_csv} has no validation row")
-    step = max(columns["val/loss"])
-    figures = {k: v[step] for k, v in columns.items() if k.startswith("val/") and step in v}
-    return {"step": float(step), **figures}
+    return [
+        {
+            "step": float(step),
+            **{k: v[step] for k, v in columns.items() if k.startswith("val/") and step in v},
+        }
+        for step in sorted(columns["val/loss"])
+    ]
+
+
+def last_validation(metrics_csv: Path) -> dict:
+    """The run's last validation: what `ckpt=<run>` and its HF export were scored at."""
+    return validations(metrics_csv)[-1]
+
+
+def lowest_validation(metrics_csv: Path, metric: str) -> dict:
+    """The run's validation with the lowest `metric` (the run's kept best checkpoint is the one
+    with the lowest `val/loss`; for GPT bits per byte falls and rises with it)."""
+    return min(validations(metrics_csv), key=lambda row: row.get(metric, float("inf")))
 
 
 def run_cell(cell: Cell, args: argparse.Namespace, where: dict) -> dict:
@@ -147,6 +165,9 @@ def run_cell(cell: Cell, args: argparse.Namespace, where: dict) -> dict:
         "set": list(args.overrides),
         "wall_s": trained.wall_s,
         "validation": last_validation(run_dir / "logs" / "metrics.csv"),
+        "lowest_validation": lowest_validation(
+            run_dir / "logs" / "metrics.csv", HELD_OUT[cell.family]
+        ),
         "blimp": None,
     }
     if args.blimp_pairs:
@@ -175,7 +196,17 @@ def run_cell(cell: Cell, args: argparse.Namespace, where: dict) -> dict:
 
 
 def load_cells(cells_dir: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(cells_dir.glob("*-seed*.json"))]
+    """The runs kept in `cells_dir`; a run kept before the study read its lowest validation
+    gets it from its log in the study's `runs/` folder, where that is still there."""
+    results = [json.loads(p.read_text()) for p in sorted(cells_dir.glob("*-seed*.json"))]
+    for result in results:
+        if "lowest_validation" not in result:
+            cell = Cell(**result["cell"])
+            log = cells_dir.parent / "runs" / cell.family / cell.name / "logs" / "metrics.csv"
+            result["lowest_validation"] = (
+                lowest_validation(log, HELD_OUT[cell.family]) if log.is_file() else None
+            )
+    return results
 
 
 def summarize(results: list[dict]) -> list[dict]:
@@ -193,14 +224,27 @@ def summarize(results: list[dict]) -> list[dict]:
         paired = [s for s in ref if s in fast and _same_cpu(ref[s], fast[s])]
         row = {"family": family, "corpus": corpus, "budget": budget, "metric": metric}
         for recipe, runs in (("reference", ref), ("fast", fast)):
+            lowest = [r["lowest_validation"] for r in runs.values() if r.get("lowest_validation")]
             row[recipe] = {
                 "seeds": sorted(runs),
                 "held_out": _summary([r["validation"][metric] for r in runs.values()]),
                 "steps": _summary([r["validation"]["step"] for r in runs.values()]),
+                "lowest_held_out": _summary([v[metric] for v in lowest]),
+                "lowest_at_step": _summary([v["step"] for v in lowest]),
                 "blimp": _summary([r["blimp"]["overall"] for r in runs.values() if r["blimp"]]),
             }
         row["fast_minus_reference"] = {
             "held_out": _difference(fast, ref, paired, lambda r, m=metric: r["validation"][m]),
+            "lowest_held_out": _difference(
+                fast,
+                ref,
+                [
+                    s
+                    for s in paired
+                    if fast[s].get("lowest_validation") and ref[s].get("lowest_validation")
+                ],
+                lambda r, m=metric: r["lowest_validation"][m],
+            ),
             "blimp": _difference(
                 fast,
                 ref,
@@ -246,15 +290,19 @@ def verdict(rows: list[dict]) -> dict[str, dict[str, int]]:
     return counts
 
 
+def _spread(s: dict | None, digits: int) -> str:
+    if s is None:
+        return "—"
+    return f"{s['mean']:.{digits}f}" + (f" ± {s['std']:.{digits}f}" if s["n"] > 1 else "")
+
+
+def _interval(d: dict | None, digits: int) -> str:
+    return "—" if d is None else PairedDifference.from_dict(d).text(digits)
+
+
 def table(rows: list[dict]) -> str:
-    def spread(s: dict | None, digits: int) -> str:
-        if s is None:
-            return "—"
-        return f"{s['mean']:.{digits}f}" + (f" ± {s['std']:.{digits}f}" if s["n"] > 1 else "")
-
-    def interval(d: dict | None, digits: int) -> str:
-        return "—" if d is None else PairedDifference.from_dict(d).text(digits)
-
+    """Each cell's held-out figure at the run's last step (what `ckpt=<run>` loads), BLiMP,
+    and the winner."""
     lines = []
     for row in rows:
         ref, fast, diff = row["reference"], row["fast"], row["fast_minus_reference"]
@@ -264,12 +312,12 @@ def table(rows: list[dict]) -> str:
                 f"{row['family']} · {row['corpus']} · {row['budget']}",
                 str(paired),
                 row["metric"],
-                spread(ref["held_out"], 3),
-                spread(fast["held_out"], 3),
-                interval(diff["held_out"], 3),
-                f"{spread(ref['steps'], 0)} / {spread(fast['steps'], 0)}",
-                f"{spread(ref['blimp'], 1)} / {spread(fast['blimp'], 1)}",
-                interval(diff["blimp"], 1),
+                _spread(ref["held_out"], 3),
+                _spread(fast["held_out"], 3),
+                _interval(diff["held_out"], 3),
+                f"{_spread(ref['steps'], 0)} / {_spread(fast['steps'], 0)}",
+                f"{_spread(ref['blimp'], 1)} / {_spread(fast['blimp'], 1)}",
+                _interval(diff["blimp"], 1),
                 row["winner"] or "no difference shown",
             ]
         )
@@ -286,6 +334,32 @@ def table(rows: list[dict]) -> str:
         "winner (held-out)",
     ]
     return markdown_table(headers, lines, left=3)
+
+
+def lowest_table(rows: list[dict]) -> str:
+    """Each cell's lowest held-out figure during the run (the run's kept best checkpoint) and
+    the step it came at: a recipe that ends above its lowest has memorized its corpus."""
+    lines = [
+        [
+            f"{row['family']} · {row['corpus']} · {row['budget']}",
+            row["metric"],
+            _spread(row["reference"]["lowest_held_out"], 3),
+            _spread(row["fast"]["lowest_held_out"], 3),
+            _interval(row["fast_minus_reference"]["lowest_held_out"], 3),
+            f"{_spread(row['reference']['lowest_at_step'], 0)} / "
+            f"{_spread(row['fast']['lowest_at_step'], 0)}",
+        ]
+        for row in rows
+    ]
+    headers = [
+        "family · corpus · budget",
+        "held-out figure",
+        "reference, lowest",
+        "fast, lowest",
+        "fast - reference [95%]",
+        "at step (ref / fast)",
+    ]
+    return markdown_table(headers, lines, left=2)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -309,7 +383,10 @@ def run(args: argparse.Namespace) -> dict:
         run_cell(cell, args, where)
     rows = summarize(load_cells(cells_dir))
     report = {"machine": where, "args": _plain(vars(args)), "rows": rows, "verdict": verdict(rows)}
-    text = table(rows) + "\n\nwins per family: " + json.dumps(report["verdict"])
+    text = (
+        f"{table(rows)}\n\nlowest during the run:\n{lowest_table(rows)}"
+        f"\n\nwins per family (at the last step): {json.dumps(report['verdict'])}"
+    )
     return finish(report, text, args.out)
 
 

@@ -54,6 +54,9 @@ from tokenizer import atomic_path
 
 log = logging.getLogger(__name__)
 
+# The figure the best checkpoints are kept by (lower is better).
+BEST_BY = "val/loss"
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file, fsyncs it, then renames it into place.
@@ -231,7 +234,7 @@ def checkpoint_callbacks(
                 dirpath=directory,
                 filename="best-step{step:07d}",
                 auto_insert_metric_name=False,
-                monitor="val/loss",
+                monitor=BEST_BY,
                 mode="min",
                 save_top_k=keep_best,
                 enable_version_counter=False,
@@ -239,6 +242,16 @@ def checkpoint_callbacks(
             )
         )
     return callbacks
+
+
+def lowest_validation(trainer: L.Trainer) -> tuple[Path, float] | None:
+    """The kept checkpoint with the run's lowest validation loss, and that loss (None: the run
+    keeps no best checkpoint, `checkpoint.keep_best=0`, or has not validated)."""
+    for callback in trainer.checkpoint_callbacks:
+        found = callback.best_model_path and callback.best_model_score is not None
+        if getattr(callback, "monitor", None) == BEST_BY and found:
+            return Path(callback.best_model_path), float(callback.best_model_score)
+    return None
 
 
 class CheckpointExtras(L.Callback):

@@ -9,7 +9,15 @@ import json
 import pytest
 
 from bench import bench_recipes
-from bench.bench_recipes import Cell, last_validation, plan, summarize, verdict
+from bench.bench_recipes import (
+    Cell,
+    last_validation,
+    load_cells,
+    lowest_validation,
+    plan,
+    summarize,
+    verdict,
+)
 from bench.common import BenchError
 from pipeline.pretrain.checks import _check_setting_keys
 from tests.conftest import compose_pretrain
@@ -71,13 +79,74 @@ def test_last_validation_is_the_last_row_with_a_validation(tmp_path):
         last_validation(tmp_path / "missing.csv")
 
 
-def result(recipe: str, seed: int, held_out: float, blimp: float | None, cpu: str = "cpu A"):
+def test_lowest_validation_is_the_row_with_the_lowest_held_out_figure(tmp_path):
+    metrics = tmp_path / "metrics.csv"
+    metrics.write_text(
+        "step,train/loss,val/loss,val/bits_per_byte\n"
+        "10,5.0,4.5,2.0\n"
+        "20,4.0,4.1,1.7\n"
+        "30,3.5,4.6,2.1\n"
+    )
+    assert lowest_validation(metrics, "val/bits_per_byte") == {
+        "step": 20.0,
+        "val/loss": 4.1,
+        "val/bits_per_byte": 1.7,
+    }
+    assert last_validation(metrics)["step"] == 30.0
+
+
+def test_a_run_kept_without_its_lowest_validation_gets_it_from_its_log(tmp_path):
+    cells = tmp_path / "cells"
+    cells.mkdir()
+    kept = result("fast", 1, 2.1, None)
+    del kept["lowest_validation"]
+    name = Cell(**kept["cell"]).name
+    (cells / f"{name}.json").write_text(json.dumps(kept))
+    assert load_cells(cells)[0]["lowest_validation"] is None  # the run's folder is gone
+    log = tmp_path / "runs" / "gpt" / name / "logs" / "metrics.csv"
+    log.parent.mkdir(parents=True)
+    log.write_text("step,val/loss,val/bits_per_byte\n10,4.0,1.9\n20,4.4,2.1\n")
+    assert load_cells(cells)[0]["lowest_validation"]["step"] == 10.0
+
+
+def result(
+    recipe: str,
+    seed: int,
+    held_out: float,
+    blimp: float | None,
+    cpu: str = "cpu A",
+    lowest: float | None = None,
+):
+    """A kept run; `lowest`: its lowest held-out figure, at step 50 (default: the last one)."""
+    last = {"step": 100.0 + seed, "val/bits_per_byte": held_out}
     return {
         "cell": Cell("gpt", "wikitext2", "2m", recipe, seed)._asdict(),
         "machine": {"cpu": cpu},
-        "validation": {"step": 100.0 + seed, "val/bits_per_byte": held_out},
+        "validation": last,
+        "lowest_validation": last
+        if lowest is None
+        else {"step": 50.0, "val/bits_per_byte": lowest},
         "blimp": None if blimp is None else {"pairs": 20, "overall": blimp},
     }
+
+
+def test_a_recipe_that_wins_at_its_lowest_can_lose_at_its_last_step():
+    """Memorizing a small corpus: fast reaches the lower figure mid-run but ends above."""
+    results = [
+        result("reference", 1, 2.0, None, lowest=1.90),
+        result("fast", 1, 2.8, None, lowest=1.80),
+        result("reference", 2, 2.1, None, lowest=1.92),
+        result("fast", 2, 2.7, None, lowest=1.81),
+        result("reference", 3, 2.0, None, lowest=1.91),
+        result("fast", 3, 2.9, None, lowest=1.83),
+    ]
+    (row,) = summarize(results)
+    assert row["winner"] == "reference"  # decided at the last step
+    lowest = row["fast_minus_reference"]["lowest_held_out"]
+    assert lowest["mean"] == pytest.approx(-0.0967, abs=1e-3) and lowest["high"] < 0
+    assert row["fast"]["lowest_at_step"]["mean"] == 50.0
+    text = bench_recipes.lowest_table([row])
+    assert "1.813 ± 0.015" in text and "50 ± 0 / 50 ± 0" in text
 
 
 def test_paired_differences_over_seeds_and_the_winner():

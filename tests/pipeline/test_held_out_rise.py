@@ -1,0 +1,63 @@
+"""A pretraining run whose held-out loss ended above its lowest says so at the end, and names the
+kept best checkpoint (`ckpt=<run>` loads the last one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from pipeline.pretrain.run import HELD_OUT_ROSE_BY, held_out_rise
+from tests.conftest import run_pretrain, validation_losses
+
+
+def trainer_with_best(path: str, score: float | None, monitor: str = "val/loss"):
+    best = SimpleNamespace(
+        monitor=monitor,
+        best_model_path=path,
+        best_model_score=None if score is None else torch.tensor(score),
+    )
+    periodic = SimpleNamespace(monitor="step", best_model_path="step9.ckpt", best_model_score=9)
+    return SimpleNamespace(checkpoint_callbacks=[periodic, best])
+
+
+def test_a_loss_within_the_margin_of_its_lowest_says_nothing():
+    trainer = trainer_with_best("/run/checkpoints/best-step0000200.ckpt", 4.0)
+    assert held_out_rise(trainer, 4.0) is None
+    assert held_out_rise(trainer, 4.0 * (1 + HELD_OUT_ROSE_BY) - 1e-6) is None
+    assert held_out_rise(trainer, None) is None  # the run never validated
+
+
+def test_a_loss_above_its_lowest_names_the_best_checkpoint():
+    trainer = trainer_with_best("/run/checkpoints/best-step0000200.ckpt", 4.0)
+    said = held_out_rise(trainer, 5.0)
+    assert said is not None
+    assert "rose 25% above its lowest" in said
+    assert "4 at best-step0000200.ckpt, 5 at the end" in said
+    assert "ckpt=/run/checkpoints/best-step0000200.ckpt" in said
+
+
+def test_without_a_kept_best_checkpoint_nothing_is_said():
+    assert held_out_rise(trainer_with_best("", None), 9.0) is None  # checkpoint.keep_best=0
+    assert held_out_rise(trainer_with_best("x.ckpt", 1.0, monitor="step"), 9.0) is None
+
+
+def test_a_run_whose_loss_climbs_after_its_best_names_the_file_that_holds_it(tmp_path):
+    """The run trains 10 steps, then resumes at a rate far too high: its held-out loss climbs.
+    The summary names the kept best checkpoint, which holds the lowest loss in the log."""
+    run = ("model=gpt-tiny", "debug=smoke", "logger=csv", "run_name=rise")
+    run += ("checkpoint.every_n_steps=5", "checkpoint.keep_best=1")
+    first = run_pretrain(tmp_path, *run, "trainer.max_steps=10")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "held-out loss rose" not in first.stdout
+    resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=20", "resume=auto", "optim.lr=3.0")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run_dir = tmp_path / "out/gpt-tiny/rise"
+    losses = validation_losses(run_dir)
+    lowest = min(losses, key=losses.get)
+    assert losses[20] > losses[lowest] * (1 + HELD_OUT_ROSE_BY), losses
+    assert "held-out loss rose" in resumed.stdout
+    named = resumed.stdout.split("ckpt=")[-1].split(". ")[0]
+    assert Path(named) == run_dir / "checkpoints" / f"best-step{lowest:07d}.ckpt"
+    assert Path(named).is_file()
