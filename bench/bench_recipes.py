@@ -125,15 +125,10 @@ def validations(metrics_csv: Path) -> list[dict]:
     ]
 
 
-def last_validation(metrics_csv: Path) -> dict:
-    """The run's last validation: what `ckpt=<run>` and its HF export were scored at."""
-    return validations(metrics_csv)[-1]
-
-
-def lowest_validation(metrics_csv: Path, metric: str) -> dict:
-    """The run's validation with the lowest `metric` (the run's kept best checkpoint is the one
-    with the lowest `val/loss`; for GPT bits per byte falls and rises with it)."""
-    return min(validations(metrics_csv), key=lambda row: row.get(metric, float("inf")))
+def lowest_validation(rows: list[dict], metric: str) -> dict:
+    """Of a run's `validations`, the one with the lowest `metric` (the run's kept best checkpoint
+    is the one with the lowest `val/loss`; for GPT bits per byte falls and rises with it)."""
+    return min(rows, key=lambda row: row.get(metric, float("inf")))
 
 
 def run_cell(cell: Cell, args: argparse.Namespace, where: dict) -> dict:
@@ -157,6 +152,7 @@ def run_cell(cell: Cell, args: argparse.Namespace, where: dict) -> dict:
         log_dir / f"{cell.name}.log",
         env=child_env(),
     )
+    rows = validations(run_dir / "logs" / "metrics.csv")
     result = {
         "cell": cell._asdict(),
         "machine": where,
@@ -164,10 +160,8 @@ def run_cell(cell: Cell, args: argparse.Namespace, where: dict) -> dict:
         "overrides": cell.overrides() + list(args.overrides),
         "set": list(args.overrides),
         "wall_s": trained.wall_s,
-        "validation": last_validation(run_dir / "logs" / "metrics.csv"),
-        "lowest_validation": lowest_validation(
-            run_dir / "logs" / "metrics.csv", HELD_OUT[cell.family]
-        ),
+        "validation": rows[-1],  # the last step: what `ckpt=<run>` and the HF export hold
+        "lowest_validation": lowest_validation(rows, HELD_OUT[cell.family]),
         "blimp": None,
     }
     if args.blimp_pairs:
@@ -204,7 +198,9 @@ def load_cells(cells_dir: Path) -> list[dict]:
             cell = Cell(**result["cell"])
             log = cells_dir.parent / "runs" / cell.family / cell.name / "logs" / "metrics.csv"
             result["lowest_validation"] = (
-                lowest_validation(log, HELD_OUT[cell.family]) if log.is_file() else None
+                lowest_validation(validations(log), HELD_OUT[cell.family])
+                if log.is_file()
+                else None
             )
     return results
 
@@ -224,33 +220,18 @@ def summarize(results: list[dict]) -> list[dict]:
         paired = [s for s in ref if s in fast and _same_cpu(ref[s], fast[s])]
         row = {"family": family, "corpus": corpus, "budget": budget, "metric": metric}
         for recipe, runs in (("reference", ref), ("fast", fast)):
-            lowest = [r["lowest_validation"] for r in runs.values() if r.get("lowest_validation")]
             row[recipe] = {
                 "seeds": sorted(runs),
                 "held_out": _summary([r["validation"][metric] for r in runs.values()]),
                 "steps": _summary([r["validation"]["step"] for r in runs.values()]),
-                "lowest_held_out": _summary([v[metric] for v in lowest]),
-                "lowest_at_step": _summary([v["step"] for v in lowest]),
-                "blimp": _summary([r["blimp"]["overall"] for r in runs.values() if r["blimp"]]),
+                "lowest_held_out": _summary([_lowest(r, metric) for r in runs.values()]),
+                "lowest_at_step": _summary([_lowest(r, "step") for r in runs.values()]),
+                "blimp": _summary([_blimp(r) for r in runs.values()]),
             }
         row["fast_minus_reference"] = {
             "held_out": _difference(fast, ref, paired, lambda r, m=metric: r["validation"][m]),
-            "lowest_held_out": _difference(
-                fast,
-                ref,
-                [
-                    s
-                    for s in paired
-                    if fast[s].get("lowest_validation") and ref[s].get("lowest_validation")
-                ],
-                lambda r, m=metric: r["lowest_validation"][m],
-            ),
-            "blimp": _difference(
-                fast,
-                ref,
-                [s for s in paired if fast[s]["blimp"] and ref[s]["blimp"]],
-                lambda r: r["blimp"]["overall"],
-            ),
+            "lowest_held_out": _difference(fast, ref, paired, lambda r, m=metric: _lowest(r, m)),
+            "blimp": _difference(fast, ref, paired, _blimp),
         }
         held_out = row["fast_minus_reference"]["held_out"]
         row["winner"] = None
@@ -266,7 +247,20 @@ def _same_cpu(a: dict, b: dict) -> bool:
     return all(a["machine"].get(k) == b["machine"].get(k) for k in ("cpu", "cpus"))
 
 
-def _summary(values: list[float]) -> dict | None:
+def _lowest(run: dict, key: str) -> float | None:
+    """`key` of the run's lowest validation (None: a run kept without it, its log gone)."""
+    lowest = run.get("lowest_validation")
+    return lowest[key] if lowest else None
+
+
+def _blimp(run: dict) -> float | None:
+    """The run's BLiMP score (None: not scored, `--blimp-pairs 0`)."""
+    return run["blimp"]["overall"] if run["blimp"] else None
+
+
+def _summary(values: list[float | None]) -> dict | None:
+    """Mean and spread of the values there are (None in `values`: a run without that figure)."""
+    values = [v for v in values if v is not None]
     if not values:
         return None
     s = summarize_seeds(values)
@@ -274,6 +268,8 @@ def _summary(values: list[float]) -> dict | None:
 
 
 def _difference(a: dict, b: dict, seeds: list[int], score) -> dict | None:
+    """a - b over `seeds`, leaving out a seed where either run has no `score` (None)."""
+    seeds = [s for s in seeds if score(a[s]) is not None and score(b[s]) is not None]
     if not seeds:
         return None
     return paired_difference(

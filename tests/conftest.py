@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import os
 import subprocess
@@ -76,13 +75,6 @@ def run_pretrain(
         env=CLI_ENV if env is None else env,
         stdin=stdin,
     )
-
-
-def validation_losses(run_dir: Path) -> dict[int, float]:
-    """step -> validation loss, from a run folder's CSV log."""
-    with open(run_dir / "logs" / "metrics.csv") as handle:
-        rows = csv.DictReader(handle)
-        return {int(r["step"]): float(r["val/loss"]) for r in rows if r.get("val/loss")}
 
 
 class ListCorpus:

@@ -244,7 +244,7 @@ def checkpoint_callbacks(
     return callbacks
 
 
-def lowest_validation(trainer: L.Trainer) -> tuple[Path, float] | None:
+def best_checkpoint(trainer: L.Trainer) -> tuple[Path, float] | None:
     """The kept checkpoint with the run's lowest validation loss, and that loss (None: the run
     keeps no best checkpoint, `checkpoint.keep_best=0`, or has not validated)."""
     for callback in trainer.checkpoint_callbacks:

@@ -29,9 +29,9 @@ from pipeline.checkpoint.load import load_pretrained
 from pipeline.checkpoint.saving import (
     AtomicCheckpointIO,
     CheckpointExtras,
+    best_checkpoint,
     check_compatible,
     checkpoint_callbacks,
-    lowest_validation,
 )
 from pipeline.checkpoint.source import CheckpointSource, resolve_resume
 from pipeline.finetune.settings import task_from
@@ -326,7 +326,7 @@ def held_out_rise(trainer: L.Trainer, last_loss: float | None) -> str | None:
     """What to say when the run's last validation loss ended more than `HELD_OUT_ROSE_BY` above
     its lowest (the model memorized its training text, and `ckpt=<run>`, which loads the last
     checkpoint, is not the run's best model); None otherwise."""
-    lowest = lowest_validation(trainer)
+    lowest = best_checkpoint(trainer)
     if lowest is None or last_loss is None or not math.isfinite(last_loss):
         return None
     path, loss = lowest

@@ -11,11 +11,11 @@ import pytest
 from bench import bench_recipes
 from bench.bench_recipes import (
     Cell,
-    last_validation,
     load_cells,
     lowest_validation,
     plan,
     summarize,
+    validations,
     verdict,
 )
 from bench.common import BenchError
@@ -71,12 +71,12 @@ def test_last_validation_is_the_last_row_with_a_validation(tmp_path):
         "30,3.5,4.0,1.8\n"
         "35,3.4,,\n"
     )
-    assert last_validation(metrics) == {"step": 30.0, "val/loss": 4.0, "val/bits_per_byte": 1.8}
+    assert validations(metrics)[-1] == {"step": 30.0, "val/loss": 4.0, "val/bits_per_byte": 1.8}
     metrics.write_text("step,train/loss,val/loss\n10,5.0,\n")
     with pytest.raises(BenchError, match="has no validation row"):
-        last_validation(metrics)
+        validations(metrics)
     with pytest.raises(BenchError, match="no metrics at"):
-        last_validation(tmp_path / "missing.csv")
+        validations(tmp_path / "missing.csv")
 
 
 def test_lowest_validation_is_the_row_with_the_lowest_held_out_figure(tmp_path):
@@ -87,12 +87,12 @@ def test_lowest_validation_is_the_row_with_the_lowest_held_out_figure(tmp_path):
         "20,4.0,4.1,1.7\n"
         "30,3.5,4.6,2.1\n"
     )
-    assert lowest_validation(metrics, "val/bits_per_byte") == {
+    assert lowest_validation(validations(metrics), "val/bits_per_byte") == {
         "step": 20.0,
         "val/loss": 4.1,
         "val/bits_per_byte": 1.7,
     }
-    assert last_validation(metrics)["step"] == 30.0
+    assert validations(metrics)[-1]["step"] == 30.0
 
 
 def test_a_run_kept_without_its_lowest_validation_gets_it_from_its_log(tmp_path):

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import torch
 
 from pipeline.pretrain.run import HELD_OUT_ROSE_BY, held_out_rise
-from tests.conftest import run_pretrain, validation_losses
+from pipeline.report import read_metrics
+from tests.conftest import run_pretrain
 
 
 def trainer_with_best(path: str, score: float | None, monitor: str = "val/loss"):
@@ -54,7 +55,7 @@ def test_a_run_whose_loss_climbs_after_its_best_names_the_file_that_holds_it(tmp
     resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=20", "resume=auto", "optim.lr=3.0")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     run_dir = tmp_path / "out/gpt-tiny/rise"
-    losses = validation_losses(run_dir)
+    losses = read_metrics(run_dir / "logs" / "metrics.csv")["val/loss"]
     lowest = min(losses, key=losses.get)
     assert losses[20] > losses[lowest] * (1 + HELD_OUT_ROSE_BY), losses
     assert "held-out loss rose" in resumed.stdout

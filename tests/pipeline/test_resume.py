@@ -21,6 +21,7 @@ from pipeline.checkpoint.saving import check_compatible
 from pipeline.checkpoint.source import CheckpointSource, newest_checkpoint
 from pipeline.pretrain.budget import TimeBudget
 from pipeline.pretrain.run import resumed_tokenizer
+from pipeline.report import read_metrics
 from pipeline.run.errors import CheckpointLoadError
 from tests.conftest import (
     CLI_ENV,
@@ -29,7 +30,6 @@ from tests.conftest import (
     compose_pretrain,
     pretrain_command,
     run_pretrain,
-    validation_losses,
     write_two_source_mixture,
 )
 from tests.pipeline.test_blimp import write_blimp
@@ -594,7 +594,7 @@ def test_resume_keeps_exactly_keep_best_files_and_the_true_best(tmp_path, keep_b
     resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=20", "resume=auto", "optim.lr=1e-12")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     run_dir = tmp_path / "out/gpt-tiny/best"
-    losses = validation_losses(run_dir)
+    losses = read_metrics(run_dir / "logs" / "metrics.csv")["val/loss"]
     assert sorted(losses) == [5, 10, 15, 20]
     kept = sorted((run_dir / "checkpoints").glob("best-*.ckpt"))
     assert len(kept) == keep_best, [p.name for p in kept]
