@@ -201,3 +201,14 @@ def trained_seq_len(phases: list[Phase], steps_done: int) -> int:
     that have made at least one step (the first phase's before any)."""
     started = [p for p in phases if p.first_step < steps_done] or phases[:1]
     return max(p.objective.seq_len for p in started)
+
+
+def passes_over(phases: list[Phase], steps_per_pass: list[int], steps: int) -> float:
+    """How many times `steps` optimizer steps go through the training text, each phase's steps
+    over its own batches (`steps_per_pass`, one count per phase) and summed: the phases read
+    the same text, in windows of their own length."""
+    total = 0.0
+    for phase, per_pass in zip(phases, steps_per_pass, strict=True):
+        end = steps if phase.end_step is None else min(steps, phase.end_step)
+        total += max(0, end - phase.first_step) / max(1, per_pass)
+    return total

@@ -176,7 +176,7 @@ class PretrainDataModule(L.LightningDataModule):
         self.source_splits: list[tuple[TokenStore, np.ndarray]] = []
         self.train_sets: list[EpochBatches] = []  # one per phase
         self.val_set: EpochBatches | None = None
-        self._steps: list[StepBatches] = []
+        self.step_batches: list[StepBatches] = []  # one per phase: its optimizer steps
         self._samplers: list[EpochSampler] = []
         self._loader: PositionLoader | None = None
         self._pending: dict[str, Any] | None = None
@@ -194,7 +194,7 @@ class PretrainDataModule(L.LightningDataModule):
     @property
     def train_steps(self) -> StepBatches | None:
         """The current phase's optimizer steps (lists of micro-batches)."""
-        return self._steps[self.phase] if self._steps else None
+        return self.step_batches[self.phase] if self.step_batches else None
 
     @property
     def _sampler(self) -> EpochSampler | None:
@@ -262,8 +262,8 @@ class PretrainDataModule(L.LightningDataModule):
             else:
                 batches = self._mixture_batches(phase.objective, train)
             self.train_sets.append(batches)
-            self._steps.append(StepBatches(self.train_sets[-1], self.micro_batches))
-            self._samplers.append(EpochSampler(len(self._steps[-1])))
+            self.step_batches.append(StepBatches(self.train_sets[-1], self.micro_batches))
+            self._samplers.append(EpochSampler(len(self.step_batches[-1])))
             log.info(
                 "rank %d/%d: %d training documents, %d validation documents, %d batches "
                 "(%d optimizer steps) per epoch%s",
@@ -272,7 +272,7 @@ class PretrainDataModule(L.LightningDataModule):
                 sum(len(docs) for _, docs in self.source_splits),
                 sum(len(docs) for _, _, _, docs in splits),
                 len(self.train_sets[-1]),
-                len(self._steps[-1]),
+                len(self.step_batches[-1]),
                 f" in phase {phase.index} (from step {phase.first_step}, sequences of "
                 f"{phase.objective.seq_len} tokens)"
                 if len(self.phases) > 1

@@ -40,6 +40,7 @@ from pipeline.pretrain.budget import TimeBudget
 from pipeline.pretrain.checks import WITHOUT_PROBES, RunPlan
 from pipeline.pretrain.corpus_init import CorpusInit
 from pipeline.pretrain.modules import PretrainModule
+from pipeline.pretrain.passes import ManyPassesWarning
 from pipeline.pretrain.probe import Probe, StepProbe
 from pipeline.run.errors import ConfigError
 from pipeline.run.families import family_named
@@ -107,6 +108,7 @@ def build_trainer(
             SourceProgress(),
             extras,
             *([budget] if budget else []),
+            ManyPassesWarning(budget),  # after the budget: it reads the budget's plan
             *([corpus_init] if corpus_init else []),
             *([probe] if probe else []),
             ValidateLastStep(),

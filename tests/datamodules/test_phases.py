@@ -12,6 +12,7 @@ from datamodules.objective import (
     CausalLMObjective,
     MaskedLMObjective,
     longest_seq_len,
+    passes_over,
     phase_plan,
     trained_seq_len,
 )
@@ -44,6 +45,14 @@ def test_the_longest_trained_length_follows_the_steps_done():
         seq_len=256, phases=[{"share": 0.5, "seq_len": 64}, {"share": 0.5}]
     )
     assert longest_seq_len(shorter_first) == 256
+
+
+def test_passes_count_each_phase_over_its_own_batches():
+    plan = phase_plan(phased(0.5), 100)  # steps [0, 50) in short windows, [50, 100) in long
+    assert passes_over(plan, [10, 25], 100) == pytest.approx(50 / 10 + 50 / 25)
+    assert passes_over(plan, [10, 25], 30) == pytest.approx(3.0)  # the second not reached
+    assert passes_over(plan, [10, 25], 60) == pytest.approx(5 + 10 / 25)
+    assert passes_over(phase_plan(MaskedLMObjective(), None), [7], 21) == pytest.approx(3.0)
 
 
 @pytest.mark.parametrize(

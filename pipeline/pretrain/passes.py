@@ -1,0 +1,104 @@
+"""A warning, when a run's plan is known, that it will read its training text many times over.
+
+A language model trained for many passes over the same text stops learning the language and
+memorizes the text: its held-out loss stops falling, then rises. How many passes are too many
+depends on the objective (`MANY_PASSES`):
+
+- a causal LM (GPT) sees the same sequences again. Muennighoff et al. 2023 ("Scaling
+  Data-Constrained Language Models") found up to about 4 passes almost as good as new text and
+  the returns of more fading fast; GPT mini's 10 minutes on tiny Shakespeare (1 MB, about 13
+  passes) ended with its held-out loss above its lowest in every run of the recipe study
+  (docs/results/recipes.md).
+- a masked LM (BERT) draws new masks each pass, so a pass repeats less; BERT itself was trained
+  for about 40 passes over its corpus (Devlin et al. 2019).
+
+A run with `trainer.max_steps` knows its length at its first step; a run with `trainer.budget`
+once the budget has timed its first steps and planned (pipeline/pretrain/budget.py), and again
+at each later plan. The warning names the length that holds the objective's limit, as a
+setting to paste. The end of the run says whether the held-out loss did rise
+(`pipeline.pretrain.run.held_out_rise`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import lightning as L
+
+from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective, passes_over
+from pipeline.pretrain.budget import TimeBudget
+from pipeline.training.lightning_compat import step_boundary
+
+log = logging.getLogger(__name__)
+
+# More passes over the training text than this and the run is warned, by objective (above).
+MANY_PASSES = {CausalLMObjective: 4.0, MaskedLMObjective: 40.0}
+
+
+def many_passes(objective: Objective) -> float | None:
+    """The most passes over its training text a run of `objective` is not warned about (None:
+    an objective without a limit)."""
+    return next((limit for kind, limit in MANY_PASSES.items() if isinstance(objective, kind)), None)
+
+
+def steps_within(steps: int, passes: float, limit: float) -> int:
+    """The steps of a run of `steps` steps and `passes` passes that hold `limit` passes."""
+    return math.floor(steps * limit / passes + 1e-9)  # 4 passes of 7 steps: 28, not 27.99..
+
+
+def many_passes_warning(
+    passes: float, steps: int, steps_per_pass: int, limit: float, budgeted: bool = False
+) -> str | None:
+    """What to tell a run that plans `steps` optimizer steps, `passes` passes over its training
+    text of `steps_per_pass` steps each (the first phase's, with `objective.phases`); None at
+    `limit` passes (`many_passes`) or fewer. The fix it offers is a step count, exact on any
+    machine; under a time budget (`budgeted`) the run then ends when it is reached."""
+    if passes <= limit:
+        return None
+    return (
+        f"this run plans {steps} steps, {passes:.1f} passes over its training text "
+        f"({steps_per_pass} steps a pass): past about {limit:g} passes, repeated text is "
+        "worth much less than new text and the model starts to memorize it (held-out loss stops "
+        "falling, then rises; docs/pretraining.md). Give it more text (docs/data.md), or stop "
+        f"at {limit:g} passes{', before the budget ends' if budgeted else ''}: "
+        f"trainer.max_steps={steps_within(steps, passes, limit)}"
+    )
+
+
+class ManyPassesWarning(L.Callback):
+    """Logs `many_passes_warning` once, from the first process, when the run's plan is known
+    (not in a resumed run already past the limit: the end of the run says what came of it).
+
+    Args:
+        budget: the run's time budget (None: the run's length is `trainer.max_steps`).
+    """
+
+    def __init__(self, budget: TimeBudget | None = None) -> None:
+        self.budget = budget
+        self.done = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.budget is None:
+            self._check(trainer, trainer.max_steps)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # the budget's callback comes first: at a decision step the plan is the new one
+        if self.budget is not None and self.budget.decisions and step_boundary(trainer):
+            self._check(trainer, self.budget.pace.planned)
+
+    def _check(self, trainer: L.Trainer, steps: int) -> None:
+        data = trainer.datamodule
+        limit = many_passes(data.objective)
+        # a stream is not counted in passes
+        if self.done or not trainer.is_global_zero or data.stream is not None or limit is None:
+            return
+        per_pass = [len(batches) for batches in data.step_batches]
+        passes = passes_over(data.phases, per_pass, steps)
+        if passes > limit and trainer.global_step >= steps_within(steps, passes, limit):
+            self.done = True  # resumed past the limit
+            return
+        message = many_passes_warning(passes, steps, per_pass[0], limit, self.budget is not None)
+        if message:
+            log.warning("%s", message)
+            self.done = True
