@@ -1,8 +1,8 @@
 """A warning, when a run's plan is known, that it will read its training text many times over.
 
-A language model trained for many passes over the same text stops learning the language and
-memorizes the text: its held-out loss stops falling, then rises. How many passes are too many
-depends on the objective (`MANY_PASSES`):
+A language model trained for many passes over the same text learns less and less from each,
+and may memorize the text: its held-out loss stops falling, then rises. How many passes are too
+many depends on the objective (`MANY_PASSES`):
 
 - a causal LM (GPT) sees the same sequences again. Muennighoff et al. 2023 ("Scaling
   Data-Constrained Language Models") found up to about 4 passes almost as good as new text and
@@ -59,8 +59,8 @@ def many_passes_warning(
     return (
         f"this run plans {steps} steps, {passes:.1f} passes over its training text "
         f"({steps_per_pass} steps a pass): past about {limit:g} passes, repeated text is "
-        "worth much less than new text and the model starts to memorize it (held-out loss stops "
-        "falling, then rises; docs/pretraining.md). Give it more text (docs/data.md), or stop "
+        "worth much less than new text, and a model may memorize it: its held-out loss stops "
+        "falling, then rises (docs/pretraining.md). Give it more text (docs/data.md), or stop "
         f"at {limit:g} passes{', before the budget ends' if budgeted else ''}: "
         f"trainer.max_steps={steps_within(steps, passes, limit)}"
     )
