@@ -12,9 +12,9 @@ many depends on the objective (`MANY_PASSES`):
 - a masked LM (BERT) draws new masks each pass, so a pass repeats less; BERT itself was trained
   for about 40 passes over its corpus (Devlin et al. 2019).
 
-A run with `trainer.max_steps` knows its length at its first step; a run with `trainer.budget`
-once the budget has timed its first steps and planned (pipeline/pretrain/budget.py), and again
-at each later plan. The warning names the length that holds the objective's limit, as a
+A run with `trainer.max_steps` knows its length as it starts; a run with `trainer.budget` once
+the budget has timed its first steps and planned (pipeline/pretrain/budget.py), and again at
+each later plan. The warning names the step count that holds the objective's limit, as a
 setting to paste. The end of the run says whether the held-out loss did rise
 (`pipeline.pretrain.run.held_out_rise`).
 """
@@ -28,7 +28,6 @@ import lightning as L
 
 from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective, passes_over
 from pipeline.pretrain.budget import TimeBudget
-from pipeline.training.lightning_compat import step_boundary
 
 log = logging.getLogger(__name__)
 
@@ -77,28 +76,31 @@ class ManyPassesWarning(L.Callback):
     def __init__(self, budget: TimeBudget | None = None) -> None:
         self.budget = budget
         self.done = False
+        self.plans_seen = 0  # the budget's plans checked so far
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.budget is None:
             self._check(trainer, trainer.max_steps)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        # the budget's callback comes first: at a decision step the plan is the new one
-        if self.budget is not None and self.budget.decisions and step_boundary(trainer):
+        # the budget's callback comes first: after one of its plans, the plan is the new one
+        if self.budget is not None and self.budget.decisions > self.plans_seen:
+            self.plans_seen = self.budget.decisions
             self._check(trainer, self.budget.pace.planned)
 
     def _check(self, trainer: L.Trainer, steps: int) -> None:
         data = trainer.datamodule
-        limit = many_passes(data.objective)
         # a stream is not counted in passes
-        if self.done or not trainer.is_global_zero or data.stream is not None or limit is None:
+        if self.done or not trainer.is_global_zero or data.stream is not None:
+            return
+        limit = many_passes(data.objective)
+        if limit is None:
             return
         per_pass = [len(batches) for batches in data.step_batches]
         passes = passes_over(data.phases, per_pass, steps)
-        if passes > limit and trainer.global_step >= steps_within(steps, passes, limit):
-            self.done = True  # resumed past the limit
-            return
         message = many_passes_warning(passes, steps, per_pass[0], limit, self.budget is not None)
-        if message:
+        if message is None:  # a later plan may still go past the limit
+            return
+        self.done = True
+        if trainer.global_step < steps_within(steps, passes, limit):  # not resumed past it
             log.warning("%s", message)
-            self.done = True

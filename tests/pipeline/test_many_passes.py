@@ -47,13 +47,8 @@ def fake_trainer(max_steps=60, global_step=0, rank_zero=True, stream=None):
         step_batches=[range(10)],
         phases=phase_plan(CausalLMObjective(), None),
     )
-    loop = SimpleNamespace(epoch_loop=SimpleNamespace(_should_accumulate=lambda: False))
     return SimpleNamespace(
-        datamodule=data,
-        max_steps=max_steps,
-        global_step=global_step,
-        is_global_zero=rank_zero,
-        fit_loop=loop,
+        datamodule=data, max_steps=max_steps, global_step=global_step, is_global_zero=rank_zero
     )
 
 
