@@ -199,6 +199,10 @@ class MixtureBatches(EpochBatches):
         self._counted = (epoch, slots, partial)
         return epoch * self.per_epoch + partial
 
+    def source_epochs(self) -> np.ndarray:
+        """(S,) passes over each source that one mixture epoch makes."""
+        return self.per_epoch / self.source_items
+
     def progress(self, names: list[str], epoch: int, batches: int) -> dict[str, dict[str, float]]:
         """Per source, what training has read by batch `batches` of mixture epoch `epoch` (all
         processes together): sequences, tokens (BERT: sequences x the source's mean sequence

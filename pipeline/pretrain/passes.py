@@ -12,6 +12,9 @@ many depends on the objective (`MANY_PASSES`):
 - a masked LM (BERT) draws new masks each pass, so a pass repeats less; BERT itself was trained
   for about 40 passes over its corpus (Devlin et al. 2019).
 
+A mixture is counted by the source it reads most often: an upsampled small source may be read
+many times while the others are read once.
+
 A run with `trainer.max_steps` knows its length as it starts; a run with `trainer.budget` once
 the budget has timed its first steps and planned (pipeline/pretrain/budget.py), and again at
 each later plan. The warning names the step count that holds the objective's limit, as a
@@ -47,17 +50,22 @@ def steps_within(steps: int, passes: float, limit: float) -> int:
 
 
 def many_passes_warning(
-    passes: float, steps: int, steps_per_pass: int, limit: float, budgeted: bool = False
+    passes: float,
+    steps: int,
+    steps_per_pass: float,
+    limit: float,
+    budgeted: bool = False,
+    text: str = "its training text",
 ) -> str | None:
     """What to tell a run that plans `steps` optimizer steps, `passes` passes over its training
-    text of `steps_per_pass` steps each (the first phase's, with `objective.phases`); None at
+    `text` of `steps_per_pass` steps each (the first phase's, with `objective.phases`); None at
     `limit` passes (`many_passes`) or fewer. The fix it offers is a step count, exact on any
     machine; under a time budget (`budgeted`) the run then ends when it is reached."""
     if passes <= limit:
         return None
     return (
-        f"this run plans {steps} steps, {passes:.1f} passes over its training text "
-        f"({steps_per_pass} steps a pass): past about {limit:g} passes, repeated text is "
+        f"this run plans {steps} steps, {passes:.1f} passes over {text} "
+        f"({steps_per_pass:.0f} steps a pass): past about {limit:g} passes, repeated text is "
         "worth much less than new text, and a model may memorize it: its held-out loss stops "
         "falling, then rises (docs/pretraining.md). Give it more text (docs/data.md), or stop "
         f"at {limit:g} passes{', before the budget ends' if budgeted else ''}: "
@@ -98,7 +106,15 @@ class ManyPassesWarning(L.Callback):
             return
         per_pass = [len(batches) for batches in data.step_batches]
         passes = passes_over(data.phases, per_pass, steps)
-        message = many_passes_warning(passes, steps, per_pass[0], limit, self.budget is not None)
+        text, steps_per_pass = "its training text", float(per_pass[0])
+        if data.mixture is not None:  # one phase: the source it reads most often
+            epochs = data.train_sets[0].source_epochs()
+            most = int(epochs.argmax())
+            passes, steps_per_pass = passes * epochs[most], steps_per_pass / epochs[most]
+            text = f"source {data.source_names[most]} of its mixture"
+        message = many_passes_warning(
+            passes, steps, steps_per_pass, limit, self.budget is not None, text
+        )
         if message is None:  # a later plan may still go past the limit
             return
         self.done = True

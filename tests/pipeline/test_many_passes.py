@@ -8,11 +8,12 @@ import logging
 import re
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from datamodules.objective import CausalLMObjective, MaskedLMObjective, phase_plan
 from pipeline.pretrain.passes import ManyPassesWarning, many_passes, many_passes_warning
-from tests.conftest import run_pretrain
+from tests.conftest import run_pretrain, write_two_source_mixture
 
 CAUSAL = many_passes(CausalLMObjective())
 
@@ -39,13 +40,17 @@ def test_the_fix_is_the_step_count_that_holds_the_limit():
     assert said.endswith("stop at 4 passes, before the budget ends: trainer.max_steps=288")
 
 
-def fake_trainer(max_steps=60, global_step=0, rank_zero=True, stream=None):
-    """A trainer whose data makes 10 optimizer steps a pass, with a causal-LM objective."""
+def fake_trainer(max_steps=60, global_step=0, rank_zero=True, stream=None, mixture=None):
+    """A trainer whose data makes 10 optimizer steps a pass, with a causal-LM objective; with
+    `mixture` (name -> passes over the source per mixture epoch), a pass is a mixture epoch."""
     data = SimpleNamespace(
         objective=CausalLMObjective(),
         stream=stream,
         step_batches=[range(10)],
         phases=phase_plan(CausalLMObjective(), None),
+        mixture=mixture,
+        source_names=list(mixture or ()),
+        train_sets=[SimpleNamespace(source_epochs=lambda: np.array(list(mixture.values())))],
     )
     return SimpleNamespace(
         datamodule=data, max_steps=max_steps, global_step=global_step, is_global_zero=rank_zero
@@ -86,6 +91,17 @@ def test_no_warning_past_the_limit_already_on_another_rank_or_for_a_stream(caplo
     assert len(warnings_of(caplog, ManyPassesWarning(), fake_trainer(global_step=39))) == 1
 
 
+def test_a_mixture_is_counted_by_the_source_it_reads_most_often(caplog):
+    # 2 mixture epochs, but 6 passes over the upsampled source: its 4 passes are 13 steps
+    mixture = {"big": 0.5, "small": 3.0}
+    said = warnings_of(caplog, ManyPassesWarning(), fake_trainer(max_steps=20, mixture=mixture))
+    assert len(said) == 1
+    assert "plans 20 steps, 6.0 passes over source small of its mixture (3 steps a pass)" in said[0]
+    assert said[0].endswith("trainer.max_steps=13")
+    even = {"big": 1.0, "small": 1.0}  # 2 passes over each
+    assert warnings_of(caplog, ManyPassesWarning(), fake_trainer(max_steps=20, mixture=even)) == []
+
+
 SENTENCES = [
     f"Line {i} tells of a ship that sails the sea at night, and of the stars." for i in range(60)
 ]
@@ -118,3 +134,23 @@ def test_a_run_that_repeats_its_text_is_warned_and_the_pasted_fix_is_not(tmp_pat
     assert "passes over its training text" not in shorter.stdout
     steps = int(re.search(r"finished (\d+) steps", shorter.stdout).group(1))
     assert 0 < steps <= CAUSAL * per_pass
+
+
+def test_a_mixture_run_is_warned_about_the_source_it_upsamples(tmp_path):
+    # beta, a third of the documents, is 90% of the sequences: read about 3x per mixture epoch
+    mixture = write_two_source_mixture(tmp_path, "{alpha: 0.1, beta: 0.9}")
+    run = ("model=gpt-tiny", *mixture, "debug=smoke", "logger=csv", "trainer.max_steps=120")
+    done = run_pretrain(tmp_path, *run, "trainer.val_check_interval=100")
+    assert done.returncode == 0, done.stderr[-3000:]
+    mixture_epoch = int(re.search(r"\((\d+) optimizer steps\) per epoch", done.stdout).group(1))
+    said = re.search(
+        r"plans 120 steps, ([\d.]+) passes over source beta of its mixture \((\d+) steps a pass\)",
+        done.stdout,
+    )
+    assert said is not None, done.stdout[-3000:]
+    passes, per_pass = float(said.group(1)), int(said.group(2))
+    assert passes > 2 * 120 / mixture_epoch  # more than the mixture's own epochs
+    assert passes == pytest.approx(120 / per_pass, rel=0.1)
+    fix = pasted_fix(done.stdout.replace("source beta of its mixture", "its training text"))
+    steps = int(fix.removeprefix("trainer.max_steps="))
+    assert steps * passes / 120 == pytest.approx(CAUSAL, abs=0.1)  # 4 passes over beta
