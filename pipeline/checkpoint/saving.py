@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 # The figure the best checkpoints are kept by (lower is better).
 BEST_BY = "val/loss"
+BEST_PREFIX = "best-step"  # a best checkpoint's file name, before its step
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -232,7 +233,7 @@ def checkpoint_callbacks(
         callbacks.append(
             StepCheckpoint(
                 dirpath=directory,
-                filename="best-step{step:07d}",
+                filename=BEST_PREFIX + "{step:07d}",
                 auto_insert_metric_name=False,
                 monitor=BEST_BY,
                 mode="min",
@@ -244,13 +245,15 @@ def checkpoint_callbacks(
     return callbacks
 
 
-def best_checkpoint(trainer: L.Trainer) -> tuple[Path, float] | None:
-    """The kept checkpoint with the run's lowest validation loss, and that loss (None: the run
-    keeps no best checkpoint, `checkpoint.keep_best=0`, or has not validated)."""
+def best_checkpoint(trainer: L.Trainer) -> tuple[Path, float, int] | None:
+    """The kept checkpoint with the run's lowest validation loss, that loss, and its step (None:
+    the run keeps no best checkpoint, `checkpoint.keep_best=0`, or has not validated)."""
     for callback in trainer.checkpoint_callbacks:
         found = callback.best_model_path and callback.best_model_score is not None
         if getattr(callback, "monitor", None) == BEST_BY and found:
-            return Path(callback.best_model_path), float(callback.best_model_score)
+            path = Path(callback.best_model_path)
+            step = int(path.stem.removeprefix(BEST_PREFIX))
+            return path, float(callback.best_model_score), step
     return None
 
 
