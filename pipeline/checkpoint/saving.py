@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -245,15 +246,16 @@ def checkpoint_callbacks(
     return callbacks
 
 
-def best_checkpoint(trainer: L.Trainer) -> tuple[Path, float, int] | None:
-    """The kept checkpoint with the run's lowest validation loss, that loss, and its step (None:
-    the run keeps no best checkpoint, `checkpoint.keep_best=0`, or has not validated)."""
+def best_checkpoint(trainer: L.Trainer) -> tuple[Path, float, int | None] | None:
+    """The kept checkpoint with the run's lowest validation loss, that loss, and its step from
+    its file name (None: a name the run did not write, such as a copy a resume took in). None:
+    the run keeps no best checkpoint, `checkpoint.keep_best=0`, or has not validated."""
     for callback in trainer.checkpoint_callbacks:
         found = callback.best_model_path and callback.best_model_score is not None
         if getattr(callback, "monitor", None) == BEST_BY and found:
             path = Path(callback.best_model_path)
-            step = int(path.stem.removeprefix(BEST_PREFIX))
-            return path, float(callback.best_model_score), step
+            step = re.fullmatch(rf"{BEST_PREFIX}(\d+)", path.stem)
+            return path, float(callback.best_model_score), step and int(step.group(1))
     return None
 
 

@@ -63,9 +63,10 @@ def many_passes_warning(
     machine; under a time budget (`budgeted`) the run then ends when it is reached."""
     if passes <= limit:
         return None
+    per_pass = f"{steps_per_pass:.1f}".removesuffix(".0")  # 72; a mixture's source 3.3
     return (
         f"this run plans {steps} steps, {passes:.1f} passes over {text} "
-        f"({steps_per_pass:.0f} steps a pass): past about {limit:g} passes, repeated text is "
+        f"({per_pass} steps a pass): past about {limit:g} passes, repeated text is "
         "worth much less than new text, and a model may memorize it: its held-out loss stops "
         "falling, then rises (docs/pretraining.md). Give it more text (docs/data.md), or stop "
         f"at {limit:g} passes{', before the budget ends' if budgeted else ''}: "

@@ -334,10 +334,12 @@ def held_out_rise(trainer: L.Trainer, last_loss: float | None) -> str | None:
     path, loss, step = lowest
     if last_loss <= loss * (1 + HELD_OUT_ROSE_BY):
         return None
+    shorter = "a shorter run (trainer.max_steps)"
+    if step is not None:
+        shorter = f"a run as long as its best: trainer.max_steps={step}"
     return (
         f"held-out loss rose {last_loss / loss - 1:.0%} above its lowest: {loss:.4g} at "
         f"{path.name}, {last_loss:.4g} at the end. The model has memorized its training text "
         f"since then, and ckpt=<run> loads the last checkpoint: evaluate the best one with "
-        f"ckpt={path}. Next time, give it more text, model.dropout=0.1, or stop at its best "
-        f"step: trainer.max_steps={step}"
+        f"ckpt={path}. Next time, give it more text, model.dropout=0.1, or {shorter}"
     )

@@ -37,7 +37,10 @@ def test_a_loss_above_its_lowest_names_the_best_checkpoint():
     assert "rose 25% above its lowest" in said
     assert "4 at best-step0000200.ckpt, 5 at the end" in said
     assert "ckpt=/run/checkpoints/best-step0000200.ckpt" in said
-    assert said.endswith("stop at its best step: trainer.max_steps=200")
+    assert said.endswith("a run as long as its best: trainer.max_steps=200")
+    # a best checkpoint under a name the run did not write (a copy a resume took in)
+    said = held_out_rise(trainer_with_best("/run/checkpoints/best-step0000200-copy.ckpt", 4.0), 5)
+    assert said is not None and said.endswith("or a shorter run (trainer.max_steps)")
 
 
 def test_without_a_kept_best_checkpoint_nothing_is_said():
@@ -63,4 +66,4 @@ def test_a_run_whose_loss_climbs_after_its_best_names_the_file_that_holds_it(tmp
     named = resumed.stdout.split("ckpt=")[-1].split(". ")[0]
     assert Path(named) == run_dir / "checkpoints" / f"best-step{lowest:07d}.ckpt"
     assert Path(named).is_file()
-    assert f"stop at its best step: trainer.max_steps={lowest}\n" in resumed.stdout
+    assert f"a run as long as its best: trainer.max_steps={lowest}\n" in resumed.stdout
