@@ -254,8 +254,9 @@ def best_checkpoint(trainer: L.Trainer) -> tuple[Path, float, int | None] | None
         found = callback.best_model_path and callback.best_model_score is not None
         if getattr(callback, "monitor", None) == BEST_BY and found:
             path = Path(callback.best_model_path)
-            step = re.fullmatch(rf"{BEST_PREFIX}(\d+)", path.stem)
-            return path, float(callback.best_model_score), step and int(step.group(1))
+            named = re.fullmatch(rf"{BEST_PREFIX}(\d+)", path.stem)
+            step = int(named.group(1)) if named else None
+            return path, float(callback.best_model_score), step
     return None
 
 
