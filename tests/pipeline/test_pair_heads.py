@@ -65,13 +65,16 @@ def test_a_fresh_regression_head_predicts_the_training_targets_mean(setup):
 
 
 def test_a_siamese_head_learns_word_overlap_that_a_fresh_cross_encoder_does_not(setup):
-    """From random weights, 4 epochs of 300 pairs: both siamese scores of mean-pooled states,
+    """From random weights, 10 epochs of 300 pairs: both siamese scores of mean-pooled states,
     the linear layer on [u, v, |u - v|, u * v] and the standardized cosine, pick up how many
     words the texts share (the label); one sequence `A [SEP] B` through an untrained encoder
-    does not."""
+    does not. Over seeds 1234 and 1-3 (fp32, one AVX-512 machine) the dev Spearman was 0.49-0.56
+    for the linear layer, 0.93-0.95 for the cosine and -0.00 to 0.10 for the one sequence. At
+    4 epochs the linear layer had reached only 0.16-0.31, within noise of the one sequence on
+    some seeds and machines."""
     # fp32: precision null picks bf16 or fp32 by timing both on this machine, which varies with
     # its load, and so would the learning measured here
-    common = ("trainer.max_epochs=4", "head.pooling=mean", "trainer.precision=32")
+    common = ("trainer.max_epochs=10", "head.pooling=mean", "trainer.precision=32")
     joint, _ = tune(setup, "joint", *common, "head.siamese=false")
     joint_score = joint.best.metrics["dev"]["spearman"]
     for score in ("features", "cosine"):
@@ -79,8 +82,8 @@ def test_a_siamese_head_learns_word_overlap_that_a_fresh_cross_encoder_does_not(
             setup, score, *common, "head.siamese=true", f"head.pair_score={score}"
         )
         assert load_finetuned(run_dir).head.pair_score == score
-        assert siamese.best.metrics["dev"]["spearman"] > 0.25, score
-        assert siamese.best.metrics["dev"]["spearman"] > joint_score + 0.15, score
+        assert siamese.best.metrics["dev"]["spearman"] > 0.35, score
+        assert siamese.best.metrics["dev"]["spearman"] > joint_score + 0.25, score
 
 
 def test_a_siamese_model_evaluates_and_predicts_as_it_was_trained(setup, tmp_path):
