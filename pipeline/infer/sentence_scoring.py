@@ -12,6 +12,13 @@
   is visible), so a sentence with long rare words scores too high for what the model knows;
   they found the word-level variant the better-behaved score and no worse on BLiMP.
 
+Scores are computed in fp32 on every device, with autocast off, even for a model trained in
+bf16: the two sentences of a minimal pair differ in a word or two, so their scores are close, and
+bf16's rounding decides near-ties. Under bf16 autocast on an H200, a trained GPT mini and BERT
+mini answered the first 20 BLiMP pairs of 5 and 8 of the 67 phenomena differently from fp32 on
+the CPU (docs/results/blimp.md). In fp32 a GPU gives the CPU's answers, and lm-eval's on our
+exports, which it loads in fp32.
+
 Sentences are batched: a causal model reads `batch_size` sentences at a time (padded on the
 right, which a causal model never looks at); a masked model reads `batch_size` masked copies at
 a time, the copies of many sentences side by side, each scoring one token.
@@ -26,7 +33,7 @@ import torch
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from pipeline.checkpoint.load import Pretrained, inference_autocast
+from pipeline.checkpoint.load import Pretrained
 from pipeline.run.errors import ConfigError
 from pipeline.run.families import family_named
 from tokenizer import special_ids
@@ -140,7 +147,7 @@ class SentenceScorer:
 
     def _run(self, inputs: torch.Tensor, **tensors: torch.Tensor):
         on_device = {k: v.to(self.device) for k, v in tensors.items()}
-        with torch.no_grad(), inference_autocast(self.device):
+        with torch.no_grad(), torch.autocast(self.device.type, enabled=False):  # fp32 (above)
             return self.pretrained.model(inputs.to(self.device), **on_device)
 
     def _batches(self, order: list[int], unit: str) -> Iterator[list[int]]:

@@ -129,6 +129,63 @@ def test_a_head_less_bert_cannot_score_sentences():
         scorer(["A sentence."])
 
 
+# --- precision: fp32 everywhere ----------------------------------------------------------------
+
+# minimal pairs of several lengths, so that batches of them pad
+PAIR_SENTENCES = [
+    "The cat sat.",
+    "The cat sit.",
+    "Who should Derek hug after shocking Richard?",
+    "Who should Derek hug Richard after shocking?",
+    "Unquestionably, the astronomers disagreed about the comet's orbit.",
+    "Unquestionably, the astronomers disagrees about the comet's orbit.",
+    "It is.",
+    "Is it.",
+    "Many girls have found themselves in the library this afternoon.",
+    "Many girls have found herself in the library this afternoon.",
+]
+
+
+def test_sentences_are_scored_in_fp32_inside_a_bf16_autocast_region():
+    """A probe in a bf16-mixed run may score inside autocast; the scores stay fp32's (a minimal
+    pair's margin is often below bf16's rounding)."""
+    tokenizer = trained_tokenizer("bpe")
+    model = tiny_model("gpt", tokenizer, seed=2, init_std=0.1)
+    scorer = SentenceScorer(Pretrained("gpt", model, tokenizer, Path("tiny")), CPU, batch_size=4)
+    plain = scorer(PAIR_SENTENCES)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert scorer(PAIR_SENTENCES) == pytest.approx(plain, abs=1e-4)
+        with torch.no_grad():
+            in_bf16 = model(torch.tensor([[1, 2, 3]])).logits
+    assert in_bf16.dtype == torch.bfloat16  # the region does turn the model to bf16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    ("family", "pll"), [("gpt", "word_l2r"), ("bert", "word_l2r"), ("bert", "token")]
+)
+def test_sentence_scores_on_a_gpu_are_the_cpus_in_fp32(family, pll):
+    """Padded batches on the GPU score each sentence as the CPU does one sentence at a time, to
+    fp32's rounding (1e-3 nats), also inside a bf16 autocast region (a probe in a bf16 run), and
+    so rank every pair the same way."""
+    tokenizer = trained_tokenizer("bpe" if family == "gpt" else "wordpiece")
+    overrides = {"init_std": 0.1} if family == "gpt" else {}
+    model = tiny_model(family, tokenizer, seed=2, **overrides)
+    pretrained = Pretrained(family, model, tokenizer, Path("tiny"))
+    on_cpu = SentenceScorer(pretrained, CPU, batch_size=1, pll=pll)(PAIR_SENTENCES)
+    model.cuda()
+    cuda = torch.device("cuda")
+    on_gpu = SentenceScorer(pretrained, cuda, batch_size=4, pll=pll)(PAIR_SENTENCES)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        in_autocast = SentenceScorer(pretrained, cuda, batch_size=4, pll=pll)(PAIR_SENTENCES)
+    assert len(set(on_cpu)) == len(on_cpu)  # the model tells the sentences apart
+    assert on_gpu == pytest.approx(on_cpu, abs=1e-3)
+    assert in_autocast == pytest.approx(on_gpu, abs=1e-3)
+    for i in range(0, len(PAIR_SENTENCES), 2):
+        assert (on_gpu[i] > on_gpu[i + 1]) == (on_cpu[i] > on_cpu[i + 1]), PAIR_SENTENCES[i]
+
+
 # --- accuracies --------------------------------------------------------------------------------
 
 
