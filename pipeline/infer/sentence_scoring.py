@@ -12,12 +12,11 @@
   is visible), so a sentence with long rare words scores too high for what the model knows;
   they found the word-level variant the better-behaved score and no worse on BLiMP.
 
-Scores are computed in fp32 on every device, with autocast off, even for a model trained in
-bf16: the two sentences of a minimal pair differ in a word or two, so their scores are close, and
-bf16's rounding decides near-ties. Under bf16 autocast on an H200, a trained GPT mini and BERT
-mini answered the first 20 BLiMP pairs of 5 and 8 of the 67 phenomena differently from fp32 on
-the CPU (docs/results/blimp.md). In fp32 a GPU gives the CPU's answers, and lm-eval's on our
-exports, which it loads in fp32.
+Autocast is off while scoring, also inside a bf16 autocast region (a probe in a bf16-mixed run),
+so a model with fp32 weights (every precision but bf16-true, and FSDP's bf16 gathering) scores in
+fp32: the two sentences of a minimal pair differ in a word or two, their scores are close, and
+bf16's rounding decides near-ties. On a GPU, bf16 autocast turned answers that fp32 gives on the
+CPU (docs/results/blimp.md, "On a GPU").
 
 Sentences are batched: a causal model reads `batch_size` sentences at a time (padded on the
 right, which a causal model never looks at); a masked model reads `batch_size` masked copies at

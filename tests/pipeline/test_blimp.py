@@ -183,7 +183,8 @@ def test_sentence_scores_on_a_gpu_are_the_cpus_in_fp32(family, pll):
     assert on_gpu == pytest.approx(on_cpu, abs=1e-3)
     assert in_autocast == pytest.approx(on_gpu, abs=1e-3)
     for i in range(0, len(PAIR_SENTENCES), 2):
-        assert (on_gpu[i] > on_gpu[i + 1]) == (on_cpu[i] > on_cpu[i + 1]), PAIR_SENTENCES[i]
+        if abs(on_cpu[i] - on_cpu[i + 1]) > 2e-3:  # wider than the rounding allowed above
+            assert (on_gpu[i] > on_gpu[i + 1]) == (on_cpu[i] > on_cpu[i + 1]), PAIR_SENTENCES[i]
 
 
 # --- accuracies --------------------------------------------------------------------------------
