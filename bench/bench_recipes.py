@@ -20,10 +20,13 @@ The study is long (3 seeds x {2, 10, 20} minutes x 2 corpora x 2 families x 2 re
 13 hours of training on one machine), so it runs in pieces: each finished run is kept as
 `<work-dir>/cells/<run>.json` with the machine it ran on, a later call skips the runs already
 there and reports every run it finds, and runs are paired only with a run of the same seed on
-the same CPU. Runs are sequential; anything else on the machine takes steps from both recipes.
+the same CPU. The report holds every run it counted (`runs`), so a study continues on a fresh
+checkout from a report kept in the repository (`--resume-from`). Runs are sequential; anything
+else on the machine takes steps from both recipes.
 
     make bench-recipes ARGS="--budgets 2m --seeds 1 2 3"
     make bench-recipes ARGS="--models bert --corpora wikitext2 --budgets 20m"
+    make bench-recipes ARGS="--budgets 20m --resume-from bench/results/<date>_vm_recipes_<cell>.json"
 """
 
 from __future__ import annotations
@@ -205,6 +208,32 @@ def load_cells(cells_dir: Path) -> list[dict]:
     return results
 
 
+def resume_from(report: Path, cells_dir: Path) -> int:
+    """Keep in `cells_dir` each run a study's `report` counted that `cells_dir` does not hold
+    yet (a run kept here wins); returns how many were added."""
+    if not report.is_file():
+        raise BenchError(
+            f"no report at {report}; give one that make bench-recipes wrote, e.g. "
+            f"--resume-from bench/results/<date>_vm_recipes_<cell>.json"
+        )
+    try:
+        runs = json.loads(report.read_text(encoding="utf-8"))["runs"]
+        names = [Cell(**run["cell"]).name for run in runs]
+    except (ValueError, KeyError, TypeError) as err:
+        raise BenchError(
+            f"{report} is not a recipe-study report with its runs ({type(err).__name__}: {err}); "
+            f"reports written before the study kept its runs hold only summaries and cannot be "
+            f"resumed from: make those runs again"
+        ) from err
+    added = 0
+    for name, run in zip(names, runs, strict=True):
+        kept = cells_dir / f"{name}.json"
+        if not kept.exists():
+            write_json(run, kept)
+            added += 1
+    return added
+
+
 def summarize(results: list[dict]) -> list[dict]:
     """One row per (family, corpus, budget): each recipe over seeds, and fast - reference paired
     by seed (runs of one seed on different CPUs are not paired)."""
@@ -364,6 +393,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.blimp_pairs:
         require_data(BLIMP, "BLiMP")
     cells_dir = args.work_dir / "cells"
+    for report in args.resume_from:
+        added = resume_from(report, cells_dir)
+        print(f"recipe study: {added} runs kept from {report}", flush=True)
     kept = load_cells(cells_dir)
     other = sorted({tuple(r.get("set", [])) for r in kept} - {tuple(args.overrides)})
     if other:
@@ -377,17 +409,80 @@ def run(args: argparse.Namespace) -> dict:
     print(f"recipe study: {len(todo)} runs to make, {len(done)} kept in {cells_dir}", flush=True)
     for cell in todo:
         run_cell(cell, args, where)
-    rows = summarize(load_cells(cells_dir))
-    report = {"machine": where, "args": _plain(vars(args)), "rows": rows, "verdict": verdict(rows)}
+    runs = load_cells(cells_dir)
+    rows = summarize(runs)
+    report = {
+        "machine": where,
+        "args": _plain(vars(args)),
+        "rows": rows,
+        "verdict": verdict(rows),
+        "runs": runs,
+    }
     text = (
         f"{table(rows)}\n\nlowest during the run:\n{lowest_table(rows)}"
+        f"\n\neach seed:\n{seeds_table(runs)}"
         f"\n\nwins per family (at the last step): {json.dumps(report['verdict'])}"
     )
     return finish(report, text, args.out)
 
 
+def seeds_table(runs: list[dict]) -> str:
+    """Each seed's two runs side by side: held-out figure at the last step and at the lowest
+    (its step), steps made, BLiMP."""
+    pairs: dict[tuple, dict[str, dict]] = {}
+    for run in runs:
+        c = run["cell"]
+        pairs.setdefault((c["family"], c["corpus"], c["budget"], c["seed"]), {})[c["recipe"]] = run
+
+    def both(by_recipe: dict[str, dict], figure) -> str:
+        """`figure` of the reference and the fast run ("—": no such run or no such figure)."""
+        texts = [figure(by_recipe[r]) if r in by_recipe else None for r in RECIPES]
+        return " / ".join(text or "—" for text in texts)
+
+    lines = []
+    for (family, corpus, budget, seed), by_recipe in sorted(pairs.items()):
+        metric = HELD_OUT[family]
+
+        def last(run: dict, m: str = metric) -> str:
+            return f"{run['validation'][m]:.3f}"
+
+        def lowest(run: dict, m: str = metric) -> str | None:
+            value = _lowest(run, m)
+            return None if value is None else f"{value:.3f} @ {_lowest(run, 'step'):.0f}"
+
+        def blimp(run: dict) -> str | None:
+            return None if _blimp(run) is None else f"{_blimp(run):.1f}"
+
+        lines.append(
+            [
+                f"{family} · {corpus} · {budget}",
+                str(seed),
+                both(by_recipe, last),
+                both(by_recipe, lowest),
+                both(by_recipe, lambda run: f"{run['validation']['step']:,.0f}"),
+                both(by_recipe, blimp),
+            ]
+        )
+    headers = [
+        "family · corpus · budget",
+        "seed",
+        "held-out, last (ref / fast)",
+        "lowest @ step (ref / fast)",
+        "steps (ref / fast)",
+        "BLiMP (ref / fast)",
+    ]
+    return markdown_table(headers, lines, left=1)
+
+
 def _plain(values: dict) -> dict:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
+    """The arguments as JSON has them: paths (alone or in a list) as strings."""
+
+    def plain(v):
+        return (
+            [plain(x) for x in v] if isinstance(v, list) else str(v) if isinstance(v, Path) else v
+        )
+
+    return {k: plain(v) for k, v in values.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -406,6 +501,14 @@ def main(argv: list[str] | None = None) -> dict:
         "--out", type=Path, default=REPO / "outputs" / "bench" / "recipes.json", help="the report"
     )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--resume-from",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="REPORT",
+        help="reports of earlier calls (their JSON): their runs are kept and not made again",
+    )
     return run(parser.parse_args(argv))
 
 

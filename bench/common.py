@@ -254,8 +254,11 @@ def figures_table(figures: Sequence[dict]) -> str:
 
 
 def write_json(report: dict, path: Path) -> Path:
+    """Write `report` to `path` atomically: an interrupted write leaves the previous file."""
+    from tokenizer.cache import write_text_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(report, indent=2) + "\n")
     return path
 
 

@@ -1,5 +1,6 @@
 """The recipe study: its plan, the runs it composes, what it reads back from a run, its paired
-arithmetic and verdict, and that a second call skips the runs already kept."""
+arithmetic and verdict, that a second call skips the runs already kept, and that a study
+continues on a fresh checkout from a report's runs."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def arguments(tmp_path, **changes) -> argparse.Namespace:
         "work_dir": tmp_path / "study",
         "out": tmp_path / "recipes.json",
         "overrides": [],
+        "resume_from": [],
     }
     return argparse.Namespace(**(values | changes))
 
@@ -187,7 +189,9 @@ def test_no_winner_without_an_interval_clear_of_zero_and_no_pairs_across_cpus():
     assert "no difference shown" in bench_recipes.table([row])
 
 
-def test_a_second_call_skips_the_runs_kept_and_reports_them_all(tmp_path, monkeypatch):
+def fake_runs(monkeypatch) -> list[str]:
+    """Replace training by a run kept at once (fast 1.5, reference 2.0 + 0.1 x seed); returns
+    the names of the runs made, in order."""
     made = []
 
     def fake_run(cell, args, where):
@@ -200,6 +204,11 @@ def test_a_second_call_skips_the_runs_kept_and_reports_them_all(tmp_path, monkey
 
     monkeypatch.setattr(bench_recipes, "run_cell", fake_run)
     monkeypatch.setattr(bench_recipes, "machine", lambda: {"cpu": "cpu A"})
+    return made
+
+
+def test_a_second_call_skips_the_runs_kept_and_reports_them_all(tmp_path, monkeypatch):
+    made = fake_runs(monkeypatch)
     args = arguments(tmp_path, models=["gpt"], seeds=[1, 2])
     bench_recipes.run(args)
     assert len(made) == 4
@@ -222,3 +231,63 @@ def test_runs_kept_with_other_overrides_are_not_mixed_into_a_study(tmp_path, mon
         BenchError, match=r"other --set overrides \(\['objective\.batch_size=8'\]\)"
     ):
         bench_recipes.run(arguments(tmp_path, models=["gpt"], seeds=[1]))
+
+
+def test_a_study_continues_from_a_report_on_a_fresh_checkout(tmp_path, monkeypatch):
+    made = fake_runs(monkeypatch)
+    first = arguments(tmp_path / "session1", models=["gpt"], seeds=[1, 2])
+    bench_recipes.run(first)
+    report = json.loads(first.out.read_text())
+    assert sorted(r["cell"]["seed"] for r in report["runs"]) == [1, 1, 2, 2]
+    # a fresh checkout: another work dir, where the fast run of seed 1 was made again (1.4)
+    fresh = arguments(tmp_path / "session2", models=["gpt"], seeds=[1, 2, 3])
+    again = result("fast", 1, 1.4, None)
+    (fresh.work_dir / "cells").mkdir(parents=True)
+    (fresh.work_dir / "cells" / "gpt-wikitext2-2m-fast-seed1.json").write_text(json.dumps(again))
+    fresh.resume_from = [first.out]
+    made.clear()
+    resumed = bench_recipes.run(fresh)
+    assert made == ["gpt-wikitext2-2m-reference-seed3", "gpt-wikitext2-2m-fast-seed3"]
+    (row,) = resumed["rows"]
+    assert row["fast_minus_reference"]["held_out"]["n"] == 3
+    fast_1 = [
+        r
+        for r in resumed["runs"]
+        if r["cell"] == Cell("gpt", "wikitext2", "2m", "fast", 1)._asdict()
+    ]
+    assert [r["validation"]["val/bits_per_byte"] for r in fast_1] == [1.4]  # the kept run won
+    seeds = bench_recipes.seeds_table(resumed["runs"])
+    assert "| gpt · wikitext2 · 2m | 1 | 2.100 / 1.400 |" in seeds
+    assert "| gpt · wikitext2 · 2m | 3 | 2.300 / 1.500 |" in seeds
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (None, "no report at"),
+        ("{not json", "is not a recipe-study report"),
+        (json.dumps({"rows": [], "verdict": {}}), r"KeyError: 'runs'.*make those runs again"),
+    ],
+)
+def test_resuming_from_a_missing_corrupt_or_summary_only_report_says_so(tmp_path, text, says):
+    report = tmp_path / "recipes.json"
+    if text is not None:
+        report.write_text(text)
+    cells = tmp_path / "study" / "cells"
+    with pytest.raises(BenchError, match=says):
+        bench_recipes.resume_from(report, cells)
+    assert not cells.exists()  # nothing kept from it
+
+
+def test_each_seed_shows_both_runs_last_and_lowest_figures():
+    runs = [
+        result("reference", 1, 2.0, 50.0),
+        result("fast", 1, 2.8, 51.5, lowest=1.8),
+        result("reference", 2, 2.1, None),  # its fast run not made yet
+    ]
+    text = bench_recipes.seeds_table(runs)
+    assert (
+        "| gpt · wikitext2 · 2m | 1 | 2.000 / 2.800 | 2.000 @ 101 / 1.800 @ 50 | 101 / 101 | 50.0 / 51.5 |"
+        in text
+    )
+    assert "| gpt · wikitext2 · 2m | 2 | 2.100 / — | 2.100 @ 102 / — | 102 / — | — / — |" in text
