@@ -26,7 +26,8 @@ else on the machine takes steps from both recipes.
 
     make bench-recipes ARGS="--budgets 2m --seeds 1 2 3"
     make bench-recipes ARGS="--models bert --corpora wikitext2 --budgets 20m"
-    make bench-recipes ARGS="--budgets 20m --resume-from bench/results/<date>_vm_recipes_<cell>.json"
+    make bench-recipes ARGS="--models gpt --corpora shakespeare --budgets 20m \\
+        --resume-from bench/results/2026-11-30_vm_recipes_gpt_shakespeare_20m.json"
 """
 
 from __future__ import annotations
@@ -208,29 +209,77 @@ def load_cells(cells_dir: Path) -> list[dict]:
     return results
 
 
-def resume_from(report: Path, cells_dir: Path) -> int:
-    """Keep in `cells_dir` each run a study's `report` counted that `cells_dir` does not hold
-    yet (a run kept here wins); returns how many were added."""
+def report_runs(report: Path, overrides: list[str]) -> list[dict]:
+    """The runs a study's `report` counted, each checked to be a run of this study made with
+    the same `--set` overrides; a BenchError names the first that is not."""
     if not report.is_file():
         raise BenchError(
             f"no report at {report}; give one that make bench-recipes wrote, e.g. "
-            f"--resume-from bench/results/<date>_vm_recipes_<cell>.json"
+            f"--resume-from bench/results/2026-11-30_vm_recipes_gpt_shakespeare_20m.json"
         )
     try:
-        runs = json.loads(report.read_text(encoding="utf-8"))["runs"]
-        names = [Cell(**run["cell"]).name for run in runs]
-    except (ValueError, KeyError, TypeError) as err:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except ValueError as err:
         raise BenchError(
-            f"{report} is not a recipe-study report with its runs ({type(err).__name__}: {err}); "
-            f"reports written before the study kept its runs hold only summaries and cannot be "
-            f"resumed from: make those runs again"
+            f"{report} is not valid JSON ({err}); if it is in the repository, restore it: "
+            f"git checkout -- {report}"
         ) from err
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise BenchError(
+            f"{report} holds no runs: reports written before 2026-11-30 kept only summaries and "
+            f"cannot be resumed from; make those runs again"
+        )
+    for i, run in enumerate(data["runs"]):
+        problem = _run_problem(run, overrides)
+        if problem:
+            raise BenchError(f"{report}: run {i} {problem}; nothing was kept from it")
+    return data["runs"]
+
+
+def _run_problem(run: dict, overrides: list[str]) -> str | None:
+    """What makes `run` unfit to be kept in this study (None: nothing)."""
+    try:
+        cell = Cell(**run["cell"])
+        known = (
+            cell.family in EXPERIMENTS
+            and cell.corpus in CORPORA
+            and cell.recipe in RECIPES
+            and isinstance(cell.seed, int)
+            and isinstance(cell.budget, str)
+            and "/" not in cell.budget
+        )
+        if not known:
+            return f"is not a run of this study ({run['cell']})"
+        float(run["validation"][HELD_OUT[cell.family]])
+        float(run["validation"]["step"])
+        if not isinstance(run["machine"], dict) or "blimp" not in run:
+            return "has no machine or no blimp entry"
+    except (KeyError, TypeError, ValueError) as err:
+        return f"is incomplete ({type(err).__name__}: {err})"
+    if list(run.get("set", [])) != list(overrides):
+        return (
+            f"was made with --set {run.get('set', [])}, this call gives {overrides}: give the "
+            f"same --set, or resume it in another --work-dir"
+        )
+    return None
+
+
+def resume_from(reports: list[Path], cells_dir: Path, overrides: list[str]) -> int:
+    """Keep in `cells_dir` the runs of earlier studies' `reports` (all checked before any is
+    kept) that `cells_dir` does not hold yet: a run kept here wins, and a report's run whose
+    partner (same seed, other recipe) is kept here from another CPU is left out, to be made
+    again beside it. Returns how many runs were kept."""
+    runs = [run for report in reports for run in report_runs(report, overrides)]
+    kept = {Cell(**r["cell"]): r for r in load_cells(cells_dir)}
     added = 0
-    for name, run in zip(names, runs, strict=True):
-        kept = cells_dir / f"{name}.json"
-        if not kept.exists():
-            write_json(run, kept)
-            added += 1
+    for run in runs:
+        cell = Cell(**run["cell"])
+        partner = kept.get(cell._replace(recipe=RECIPES[1 - RECIPES.index(cell.recipe)]))
+        if cell in kept or (partner is not None and not _same_cpu(partner, run)):
+            continue
+        write_json(run, cells_dir / f"{cell.name}.json")
+        kept[cell] = run
+        added += 1
     return added
 
 
@@ -393,9 +442,13 @@ def run(args: argparse.Namespace) -> dict:
     if args.blimp_pairs:
         require_data(BLIMP, "BLiMP")
     cells_dir = args.work_dir / "cells"
-    for report in args.resume_from:
-        added = resume_from(report, cells_dir)
-        print(f"recipe study: {added} runs kept from {report}", flush=True)
+    if args.resume_from:
+        added = resume_from(args.resume_from, cells_dir, args.overrides)
+        print(
+            f"recipe study: {added} runs kept from {', '.join(map(str, args.resume_from))} "
+            f"(the others were kept here already)",
+            flush=True,
+        )
     kept = load_cells(cells_dir)
     other = sorted({tuple(r.get("set", [])) for r in kept} - {tuple(args.overrides)})
     if other:

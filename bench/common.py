@@ -255,9 +255,9 @@ def figures_table(figures: Sequence[dict]) -> str:
 
 def write_json(report: dict, path: Path) -> Path:
     """Write `report` to `path` atomically: an interrupted write leaves the previous file."""
+    # imported here, as pipeline is in machine(): importing bench.common needs no tokenizers
     from tokenizer.cache import write_text_atomic
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(report, indent=2) + "\n")
     return path
 

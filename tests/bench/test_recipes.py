@@ -261,22 +261,64 @@ def test_a_study_continues_from_a_report_on_a_fresh_checkout(tmp_path, monkeypat
     assert "| gpt · wikitext2 · 2m | 3 | 2.300 / 1.500 |" in seeds
 
 
+def kept_run(recipe: str, seed: int, cpu: str = "cpu A", **changes) -> dict:
+    """A run as a report keeps it (`result` with its overrides and its BLiMP entry)."""
+    return result(recipe, seed, 2.0, None, cpu=cpu) | {"set": []} | changes
+
+
 @pytest.mark.parametrize(
     ("text", "says"),
     [
         (None, "no report at"),
-        ("{not json", "is not a recipe-study report"),
-        (json.dumps({"rows": [], "verdict": {}}), r"KeyError: 'runs'.*make those runs again"),
+        ("{not json", r"is not valid JSON .*git checkout -- "),
+        (json.dumps({"rows": [], "verdict": {}}), r"holds no runs.*make those runs again"),
+        # a good run, then one made with other overrides: neither is kept
+        (
+            json.dumps({"runs": [kept_run("fast", 1), kept_run("reference", 1, set=["seed=9"])]}),
+            r"run 1 was made with --set \['seed=9'\], this call gives \[\]",
+        ),
+        # a good run, then one without its held-out figure
+        (
+            json.dumps({"runs": [kept_run("fast", 1), kept_run("reference", 1, validation={})]}),
+            r"run 1 is incomplete \(KeyError",
+        ),
+        (
+            json.dumps(
+                {
+                    "runs": [
+                        kept_run("fast", 1, cell={**Cell("gpt", "x", "../2m", "fast", 1)._asdict()})
+                    ]
+                }
+            ),
+            r"run 0 is not a run of this study",
+        ),
     ],
 )
-def test_resuming_from_a_missing_corrupt_or_summary_only_report_says_so(tmp_path, text, says):
+def test_resuming_from_a_bad_report_keeps_nothing_from_it(tmp_path, text, says):
     report = tmp_path / "recipes.json"
     if text is not None:
         report.write_text(text)
     cells = tmp_path / "study" / "cells"
     with pytest.raises(BenchError, match=says):
-        bench_recipes.resume_from(report, cells)
-    assert not cells.exists()  # nothing kept from it
+        bench_recipes.resume_from([report], cells, [])
+    assert not cells.exists()
+
+
+def test_a_reported_run_whose_partner_was_made_here_on_another_cpu_is_made_again(tmp_path):
+    cells = tmp_path / "study" / "cells"
+    cells.mkdir(parents=True)
+    here = kept_run("fast", 1, cpu="cpu B")
+    (cells / "gpt-wikitext2-2m-fast-seed1.json").write_text(json.dumps(here))
+    report = tmp_path / "recipes.json"
+    reported = [kept_run(r, s) for s in (1, 2) for r in ("reference", "fast")]
+    report.write_text(json.dumps({"runs": reported}))
+    assert bench_recipes.resume_from([report], cells, []) == 2  # seed 2's pair only
+    assert sorted(p.name for p in cells.iterdir()) == [
+        "gpt-wikitext2-2m-fast-seed1.json",
+        "gpt-wikitext2-2m-fast-seed2.json",
+        "gpt-wikitext2-2m-reference-seed2.json",
+    ]
+    assert json.loads((cells / "gpt-wikitext2-2m-fast-seed1.json").read_text()) == here
 
 
 def test_each_seed_shows_both_runs_last_and_lowest_figures():
