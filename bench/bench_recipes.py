@@ -209,6 +209,11 @@ def load_cells(cells_dir: Path) -> list[dict]:
     return results
 
 
+def made_with(run: dict) -> list[str]:
+    """The `--set` overrides a kept run was made with (none for a run kept before --set)."""
+    return list(run.get("set", []))
+
+
 def report_runs(report: Path, overrides: list[str]) -> list[dict]:
     """The runs a study's `report` counted, each checked to be a run of this study made with
     the same `--set` overrides; a BenchError names the first that is not."""
@@ -256,9 +261,9 @@ def _run_problem(run: dict, overrides: list[str]) -> str | None:
             return "has no machine or no blimp entry"
     except (KeyError, TypeError, ValueError) as err:
         return f"is incomplete ({type(err).__name__}: {err})"
-    if list(run.get("set", [])) != list(overrides):
+    if made_with(run) != list(overrides):
         return (
-            f"was made with --set {run.get('set', [])}, this call gives {overrides}: give the "
+            f"was made with --set {made_with(run)}, this call gives {overrides}: give the "
             f"same --set, or resume it in another --work-dir"
         )
     return None
@@ -450,7 +455,7 @@ def run(args: argparse.Namespace) -> dict:
             flush=True,
         )
     kept = load_cells(cells_dir)
-    other = sorted({tuple(r.get("set", [])) for r in kept} - {tuple(args.overrides)})
+    other = sorted({tuple(made_with(r)) for r in kept} - {tuple(args.overrides)})
     if other:
         raise BenchError(
             f"{cells_dir} holds runs made with other --set overrides ({list(other[0])}); give "
