@@ -3,6 +3,7 @@ use is refused before it writes anything, and a lock left by a killed run is tak
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,38 +80,51 @@ def test_every_command_with_a_run_folder_takes_its_lock():
         assert guard._target_ == "pipeline.run.folder.RunFolderGuard" and guard.command == command
 
 
+def wait_until_it_holds(process: subprocess.Popen, lock_file: Path) -> None:
+    """Return once `lock_file` names `process` as its owner (it has taken the folder)."""
+    while process.poll() is None:
+        with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
+            if json.loads(lock_file.read_text() or "null")["pid"] == process.pid:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"the first run ended before it was seen holding {lock_file}")
+
+
 def test_two_runs_into_one_folder_the_second_refused_the_first_as_if_alone(tmp_path):
-    """Two `make pretrain run_name=cc` started together (other learning rates): one is refused
-    with one line naming the other's pid and host, before it writes anything; the folder holds
-    the other's run alone: its record, and the weights and losses of the same run made alone."""
+    """Two `make pretrain run_name=cc` (other learning rates), the second started while the first
+    holds the folder: the second is refused with one line naming the first's pid and host, before
+    it writes anything; the folder holds the first's run alone: its record, and the weights and
+    losses of the same run made alone. The first is paused (SIGSTOP) while the second runs, so a
+    slow machine cannot let it finish first (a finished run's folder is refused for another
+    reason: it has checkpoints)."""
     run = ("model=gpt-tiny", "debug=smoke", "logger=csv", "trainer.precision=32")
-    starts = [
-        subprocess.Popen(
-            pretrain_command(tmp_path, *run, "run_name=cc", f"optim.lr={lr}"),
-            cwd=REPO,
-            env=CLI_ENV,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for lr in ("1e-3", "2e-3")
-    ]
-    ended = [(process, *process.communicate(timeout=600)) for process in starts]
-    codes = sorted(process.returncode for process, _, _ in ended)
-    assert codes == [0, 2], [err[-2000:] for _, _, err in ended]
-    [(winner, _, _)] = [e for e in ended if e[0].returncode == 0]
-    [(_, _, refusal)] = [e for e in ended if e[0].returncode == 2]
-    assert "Traceback" not in refusal
-    [line] = [x for x in refusal.splitlines() if x.startswith("error: ")]
-    assert f"is in use by pid {winner.pid} on {socket.gethostname()}" in line
     run_dir = tmp_path / "out/gpt-tiny/cc"
-    lr = "1e-3" if winner is starts[0] else "2e-3"
-    assert f"optim.lr={lr}" in (run_dir / ".hydra/overrides.yaml").read_text()
+    first = subprocess.Popen(
+        pretrain_command(tmp_path, *run, "run_name=cc", "optim.lr=1e-3"),
+        cwd=REPO,
+        env=CLI_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until_it_holds(first, run_dir / LOCK_FILE)
+        first.send_signal(signal.SIGSTOP)
+        second = run_pretrain(tmp_path, *run, "run_name=cc", "optim.lr=2e-3")
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, first_err = first.communicate(timeout=600)
+    assert first.returncode == 0, first_err[-3000:]
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert "Traceback" not in second.stderr
+    [line] = [x for x in second.stderr.splitlines() if x.startswith("error: ")]
+    assert f"is in use by pid {first.pid} on {socket.gethostname()}" in line
+    assert "optim.lr=1e-3" in (run_dir / ".hydra/overrides.yaml").read_text()
     assert not list((run_dir / ".hydra").glob("resume-*"))
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert not [n for n in names if "-v" in n], names
     assert (run_dir / LOCK_FILE).read_text() == ""  # released at the end
-    alone = run_pretrain(tmp_path, *run, "run_name=alone", f"optim.lr={lr}")
+    alone = run_pretrain(tmp_path, *run, "run_name=alone", "optim.lr=1e-3")
     assert alone.returncode == 0, alone.stderr[-3000:]
     alone_dir = tmp_path / "out/gpt-tiny/alone"
     assert names == sorted(p.name for p in (alone_dir / "checkpoints").iterdir())
