@@ -80,14 +80,23 @@ def test_every_command_with_a_run_folder_takes_its_lock():
         assert guard._target_ == "pipeline.run.folder.RunFolderGuard" and guard.command == command
 
 
-def wait_until_it_holds(process: subprocess.Popen, lock_file: Path) -> None:
-    """Return once `lock_file` names `process` as its owner (it has taken the folder)."""
-    while process.poll() is None:
+def wait_until_it_holds(process: subprocess.Popen, lock_file: Path, limit: float = 600) -> None:
+    """Return once `lock_file` names `process` as its owner (it has taken the folder); fail
+    (the process killed) if it ends first or has not taken it within `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while process.poll() is None and time.monotonic() < deadline:
         with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
             if json.loads(lock_file.read_text() or "null")["pid"] == process.pid:
                 return
         time.sleep(0.02)
-    raise AssertionError(f"the first run ended before it was seen holding {lock_file}")
+    process.kill()
+    _, err = process.communicate(timeout=60)
+    raise AssertionError(f"the first run was not seen holding {lock_file}:\n{err[-3000:]}")
+
+
+def files_and_times(folder: Path) -> dict[Path, int]:
+    """Every path under `folder` and its modification time (ns)."""
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
 
 
 def test_two_runs_into_one_folder_the_second_refused_the_first_as_if_alone(tmp_path):
@@ -110,7 +119,9 @@ def test_two_runs_into_one_folder_the_second_refused_the_first_as_if_alone(tmp_p
     try:
         wait_until_it_holds(first, run_dir / LOCK_FILE)
         first.send_signal(signal.SIGSTOP)
+        before = files_and_times(run_dir)
         second = run_pretrain(tmp_path, *run, "run_name=cc", "optim.lr=2e-3")
+        assert files_and_times(run_dir) == before  # the refused run wrote nothing there
     finally:
         first.send_signal(signal.SIGCONT)
     _, first_err = first.communicate(timeout=600)
