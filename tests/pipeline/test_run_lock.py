@@ -19,7 +19,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from pipeline.run.errors import RunFolderBusyError
-from pipeline.run.lock import LOCK_FILE, lock_run_folder, release_run_folder
+from pipeline.run.lock import LOCK_FILE, LockOwner, lock_run_folder, release_run_folder
 from tests.conftest import CLI_ENV, CONF, REPO, pretrain_command, run_pretrain
 
 HOLD = (
@@ -85,8 +85,9 @@ def wait_until_it_holds(process: subprocess.Popen, lock_file: Path, limit: float
     (the process killed) if it ends first or has not taken it within `limit` seconds."""
     deadline = time.monotonic() + limit
     while process.poll() is None and time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
-            if json.loads(lock_file.read_text() or "null")["pid"] == process.pid:
+        with contextlib.suppress(FileNotFoundError), open(lock_file) as handle:
+            owner = LockOwner.read(handle)  # None while free, or while its owner writes it
+            if owner is not None and owner.pid == process.pid:
                 return
         time.sleep(0.02)
     process.kill()
@@ -108,8 +109,9 @@ def test_two_runs_into_one_folder_the_second_refused_the_first_as_if_alone(tmp_p
     reason: it has checkpoints)."""
     run = ("model=gpt-tiny", "debug=smoke", "logger=csv", "trainer.precision=32")
     run_dir = tmp_path / "out/gpt-tiny/cc"
+    first_lr = "optim.lr=1e-3"
     first = subprocess.Popen(
-        pretrain_command(tmp_path, *run, "run_name=cc", "optim.lr=1e-3"),
+        pretrain_command(tmp_path, *run, "run_name=cc", first_lr),
         cwd=REPO,
         env=CLI_ENV,
         stdout=subprocess.PIPE,
@@ -130,12 +132,12 @@ def test_two_runs_into_one_folder_the_second_refused_the_first_as_if_alone(tmp_p
     assert "Traceback" not in second.stderr
     [line] = [x for x in second.stderr.splitlines() if x.startswith("error: ")]
     assert f"is in use by pid {first.pid} on {socket.gethostname()}" in line
-    assert "optim.lr=1e-3" in (run_dir / ".hydra/overrides.yaml").read_text()
+    assert first_lr in (run_dir / ".hydra/overrides.yaml").read_text()
     assert not list((run_dir / ".hydra").glob("resume-*"))
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert not [n for n in names if "-v" in n], names
     assert (run_dir / LOCK_FILE).read_text() == ""  # released at the end
-    alone = run_pretrain(tmp_path, *run, "run_name=alone", "optim.lr=1e-3")
+    alone = run_pretrain(tmp_path, *run, "run_name=alone", first_lr)
     assert alone.returncode == 0, alone.stderr[-3000:]
     alone_dir = tmp_path / "out/gpt-tiny/alone"
     assert names == sorted(p.name for p in (alone_dir / "checkpoints").iterdir())
