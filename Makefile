@@ -156,8 +156,12 @@ lm-eval-setup: $(LMEVAL_STAMP)  ## Install lm-evaluation-harness (the lmeval ext
 
 # Our tasks (lm_eval_tasks/: blimp_local reads ../shared/data/blimp) and lm-eval's own, offline:
 # a task whose data is not on this machine fails; see docs/quality.md.
-lm-eval: $(LMEVAL_STAMP)  ## Score an HF export with lm-evaluation-harness: make lm-eval ckpt=outputs/gpt/<run> [tasks=blimp_local] [limit=N]
+# The export is checked first (pipeline/commands/lm_eval_check.py: a BERT's is refused with the
+# command that scores it), then lm-eval is installed (on first use) and run.
+lm-eval: $(STAMP)  ## Score an HF export with lm-evaluation-harness: make lm-eval ckpt=outputs/gpt/<run> [tasks=blimp_local] [limit=N]
 	@test -n "$(ckpt)" || { echo "usage: make lm-eval ckpt=outputs/gpt/<run>[/hf] [tasks=blimp_local] [limit=N] [device=cpu] [out=DIR]" >&2; exit 2; }
+	@$(PY) -m pipeline.commands.lm_eval_check "$(LMEVAL_MODEL)" "$(ckpt)"
+	@$(MAKE) -s --no-print-directory $(LMEVAL_STAMP)
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(PY) -m lm_eval --model hf \
 	  --model_args pretrained=$(LMEVAL_MODEL),dtype=float32 --include_path lm_eval_tasks \
 	  --tasks $(or $(tasks),blimp_local) --device $(or $(device),cpu) $(if $(limit),--limit $(limit)) \

@@ -25,16 +25,18 @@ source). A batch mixes sources by rows.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
-from datamodules.batches import EpochBatches, merge_batches
+from datamodules.batches import DataSetupError, EpochBatches, merge_batches
 from datamodules.corpus import CorpusError
 
 VAL_SOURCE = "val_source"  # key of a validation batch's source index (a 0-d array)
@@ -49,7 +51,7 @@ class MixtureCorpus:
             config>`, as `conf/data/mixture.yaml` does).
         weights: name -> share of the training sequences (normalized to sum 1); or
         epochs: name -> passes over the source per mixture epoch. Give one of the two for every
-            source; neither samples every source once per epoch (its natural share).
+            source (neither is refused: the docs ask for one, and a silent default hid it).
     """
 
     sources: dict[str, Any] = field(default_factory=dict)
@@ -69,9 +71,16 @@ class MixtureCorpus:
                 "(data.weights) or a number of passes (data.epochs), not both: to sample by "
                 "epochs, add data.weights=null (conf/data/mixture.yaml sets weights)"
             )
+        if self.weights is None and self.epochs is None:
+            each = ", ".join(f"{name}: 1" for name in self.sources)
+            raise CorpusError(
+                "data.weights and data.epochs are both null: say how much of each source to "
+                f"train on, as its share of the training sequences ('data.weights={{{each}}}') "
+                "or as passes over it per mixture epoch ('data.epochs={"
+                f"{each}}}': each source once, its natural share)"
+            )
         key = "data.weights" if self.weights is not None else "data.epochs"
-        given = self.weights if self.weights is not None else self.epochs
-        given = {name: 1.0 for name in self.sources} if given is None else dict(given)
+        given = dict(self.weights if self.weights is not None else self.epochs)
         missing = [n for n in self.sources if n not in given]
         unknown = [n for n in given if n not in self.sources]
         if missing or unknown:
@@ -79,14 +88,19 @@ class MixtureCorpus:
                 f"{key} must name every source of data.sources ({', '.join(self.sources)}) and "
                 f"no other: {'missing ' + ', '.join(missing) if missing else ''}"
                 f"{'; ' if missing and unknown else ''}"
-                f"{'unknown ' + ', '.join(unknown) if unknown else ''}; e.g. "
-                + " ".join(f"{key}.{n}={given.get(n, 1.0)}" for n in self.sources)
+                f"{'unknown ' + ', '.join(unknown) if unknown else ''}; replace the whole "
+                "mapping (Hydra refuses a key that is not in it), e.g. "
+                + f"{key}=null '{key}"
+                + "={"
+                + ", ".join(f"{n}: {given.get(n, 1)}" for n in self.sources)
+                + "}'"
             )
         for name, value in given.items():
             if not (isinstance(value, int | float) and np.isfinite(value) and value > 0):
                 raise CorpusError(
-                    f"{key}.{name}={value!r} is not a positive number; drop the source from "
-                    f"data.sources to leave it out, or e.g. {key}.{name}=1"
+                    f"{key}.{name}={value!r} is not a positive number; leave the source out "
+                    f'with ARGS="~data.sources.{name} ~{key}.{name}" (after make; after python '
+                    f"-m, the two words alone), or give it e.g. {key}.{name}=1"
                 )
         self.by_epochs = self.weights is None
         self.amounts = {name: float(given[name]) for name in self.sources}
@@ -98,7 +112,19 @@ class MixtureCorpus:
     def documents(self) -> Iterator[str]:
         """Every source's documents, one source after another (what the tokenizer trains on)."""
         for corpus in self.sources.values():
-            yield from corpus.documents()
+            with self.naming(corpus):
+                yield from corpus.documents()
+
+    @contextlib.contextmanager
+    def naming(self, corpus) -> Iterator[None]:
+        """Errors about the source `corpus` (bad input, too few documents) name it, and their
+        hints name its own keys (`data.sources.<name>.errors=replace`, `source_keys`)."""
+        name = next(n for n, c in self.sources.items() if c is corpus)
+        try:
+            yield
+        except (CorpusError, DataSetupError) as err:
+            settings = [f.name for f in fields(corpus)] if is_dataclass(corpus) else []
+            raise type(err)(source_keys(str(err), f"data.sources.{name}", settings)) from None
 
     def fingerprint(self) -> str:
         """The sources' fingerprints: the weights decide the sampling, not the text, and stay
@@ -241,6 +267,19 @@ class InterleavedBatches(Dataset):
         s = int(self.source[index])
         batch = self.sources[s][(epoch, int(self.index[index]))]
         return batch | {VAL_SOURCE: np.array(s, dtype=np.int64)}
+
+
+def source_keys(message: str, prefix: str, settings: list[str]) -> str:
+    """`message`, an error about the corpus configured at `prefix` (`data.sources.<name>`),
+    written as for a corpus at `data`: its hints' keys of `settings` (`data.errors=replace`)
+    moved under `prefix` (`data.sources.<name>.errors=replace`) so that they work when pasted,
+    and `prefix` put in front unless the message starts with one of them. A path that looks
+    like a key (`data.errors` after a `/` or a quote, or followed by `:`) is left alone."""
+    if settings:
+        names = "|".join(re.escape(setting) for setting in settings)
+        key = re.compile(rf"(?<![\w./~'\"-])data\.({names})(?![\w:-]|\.\w)")
+        message = key.sub(lambda found: f"{prefix}.{found[1]}", message)
+    return message if message.startswith(f"{prefix}.") else f"{prefix}: {message}"
 
 
 def resume_overrides(spec: dict[str, Any]) -> str:

@@ -11,8 +11,9 @@
   the run fails there, saying how many documents it needs, why, and the settings that fix it.
 - Batches are described in `datamodules.batches`; each rank reads a disjoint share
   (`datamodules.sharding`).
-- `state_dict()` records the position (phase, epoch, optimizer steps done in the epoch) and the
-  seed that, with the position, determines every batch; Lightning saves it in checkpoints.
+- `state_dict()` records the position (phase, epoch, optimizer steps done in the epoch), the
+  seed that, with the position, determines every batch, and the fingerprint of the text read
+  (`datamodules.resume_text`); Lightning saves it in checkpoints.
   `load_state_dict()` makes the next training epoch start exactly there: a resumed run gets the
   batches the uninterrupted run would have got next, without replaying the skipped ones.
 
@@ -52,8 +53,9 @@ from datamodules.batches import (
     too_few_documents,
 )
 from datamodules.loaders import BatchLoader, PositionLoader, _keep
-from datamodules.mixture import InterleavedBatches, MixtureBatches, MixtureCorpus, mixture_changed
+from datamodules.mixture import InterleavedBatches, MixtureBatches, MixtureCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective, Phase, phase_plan
+from datamodules.resume_text import sources_changed, store_fingerprints
 from datamodules.run_stores import RunStores, corpora_of, prepare_stores, store_settings
 from datamodules.sharding import EpochSampler, TooFewDocuments, process_place, split_documents
 from datamodules.store import StoreStats, TokenStore
@@ -315,6 +317,7 @@ class PretrainDataModule(L.LightningDataModule):
             "batches_per_epoch": len(self.train_set) if self.train_set else None,
             "micro_batches": self.micro_batches,
             **({"mixture": self.mixture.spec()} if self.mixture else {}),
+            "corpus": store_fingerprints(self.source_splits, self.source_names),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -520,9 +523,9 @@ class PretrainDataModule(L.LightningDataModule):
                 f"this run has {len(self.phases)} phase(s). Resume with the same objective.phases"
             )
         self.phase = phase
-        mine = self.mixture.spec() if self.mixture else None
-        if state.get("mixture") != mine:
-            raise DataSetupError(mixture_changed(state.get("mixture"), mine))
+        now = store_fingerprints(self.source_splits, self.source_names)
+        if refusal := sources_changed(state, self.corpus, now):
+            raise DataSetupError(refusal)
         expected = {
             "seed": self.seed,
             "world_size": self.train_set.world_size,
@@ -538,12 +541,8 @@ class PretrainDataModule(L.LightningDataModule):
                     "of processes, or start the data from the beginning"
                 )
         self._sampler.resume(int(state["epoch"]), int(state["step"]))
-        log.info(
-            "data position restored: phase %d, epoch %d, step %d",
-            self.phase,
-            state["epoch"],
-            state["step"],
-        )
+        where = (self.phase, state["epoch"], state["step"])
+        log.info("data position restored: phase %d, epoch %d, step %d", *where)
 
     def _require_setup(self) -> None:
         if not self.train_sets:

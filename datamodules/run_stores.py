@@ -12,8 +12,6 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from datamodules.batches import DataSetupError
-from datamodules.corpus import CorpusError
 from datamodules.mixture import MixtureCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective
 from datamodules.store import StoreSettings, StoreStats, TokenStore
@@ -136,25 +134,25 @@ class RunStores:
 
     @contextlib.contextmanager
     def naming(self, corpus) -> Iterator[None]:
-        """Errors about one source of a mixture name the source (`data.sources.<name>`)."""
+        """Errors about one source of a mixture name the source and its keys
+        (`MixtureCorpus.naming`)."""
         if self.mixture is None:
             yield
             return
-        name = next(n for n, c in self.mixture.sources.items() if c is corpus)
-        try:
+        with self.mixture.naming(corpus):
             yield
-        except (CorpusError, DataSetupError) as err:
-            raise type(err)(f"data.sources.{name}: {err}") from None
 
 
 def check_ranks_agree(path: Path) -> None:
     """In a distributed run, fail fast (instead of waiting hours for a store nobody builds)
-    when the ranks' corpus or tokenizer differ, so that they would read different stores."""
+    when the ranks' corpus or tokenizer differ, so that they would read different stores.
+    The store's name is its key: nodes with caches of their own may keep them in different
+    folders (`LMPIPE_CACHE` on each node's local disk)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
     paths: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(paths, str(path))
-    if len(set(paths)) > 1:
+    if len({Path(p).name for p in paths}) > 1:
         raise RuntimeError(
             f"the ranks would read different token stores ({sorted(set(paths))}): their corpus "
             "or tokenizer differ. Give every rank the same tokenizer: train it once (on rank 0, "

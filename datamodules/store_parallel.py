@@ -15,6 +15,13 @@ cache key, which training finds on any number of nodes. The parts are removed af
 part already built (a rank or node that died, then a rerun that cuts the files the same way) is
 reused; bad input in any part stops every rank with that part's error.
 
+A part's process that dies without such an error (the kernel's OOM killer sends SIGKILL) ends
+the build with a `PartBuildError` naming the part, its files, the signal, the likely cause and
+how many processes to try instead. The part processes run in a session of their own: on
+Ctrl-C (or an error in another part) this process sends each one SIGINT, once, and waits for it
+to remove its temporary files, so that an interrupted build leaves only finished parts, which
+the same command reuses.
+
 Several nodes need the cache on a file system they all see (`paths.cache_dir`); the ranks
 coordinate through it (each part's manifest, then the store's), with no process group. A corpus
 that is not read from files (the embedded corpus, a Hugging Face dataset, GLUE texts) is one
@@ -30,6 +37,7 @@ import logging
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -66,6 +74,33 @@ log = logging.getLogger(__name__)
 _ROOT = Path(__file__).resolve().parents[1]  # the folder that holds `datamodules`
 _JOINER = "rank 0 to join the parts into the store"
 _COPY_ELEMENTS = 1 << 24  # array elements copied at a time while joining (bounded memory)
+_STOP_WAIT_S = 30.0  # how long a part's process may take to clean up after SIGINT
+INTERRUPTED = 130  # a part process's exit status after SIGINT (as a shell reports Ctrl-C)
+# A part's process: SIGINT while it starts ends it at once and quietly (it has written nothing
+# yet); `_worker` then turns SIGINT into KeyboardInterrupt, which removes its temporary files.
+_WORKER_MAIN = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "from datamodules.store_parallel import _worker; sys.exit(_worker(*sys.argv[1:]))"
+)
+# Why a part's process ended by a signal, as far as it can be told from outside.
+_SIGNAL_CAUSES = {
+    signal.SIGKILL: "most likely the system ran out of memory and its OOM killer ended the "
+    "process (`dmesg` or `journalctl -k` says so)",
+    signal.SIGTERM: "something stopped it (`kill`, a job scheduler's time limit or preemption)",
+}
+
+
+class PartBuildError(RuntimeError):
+    """A part's process died without the message of bad input (a signal, an uncaught exception).
+
+    Attributes:
+        fewer_workers: the `prepare.workers` to try again with (half as many, at least 1;
+            as many after SIGTERM, which something sent on purpose).
+    """
+
+    def __init__(self, message: str, fewer_workers: int) -> None:
+        super().__init__(message)
+        self.fewer_workers = fewer_workers
 
 
 def corpus_parts(corpus, count: int) -> list:
@@ -203,9 +238,9 @@ def _build_parts(
     workers: int,
     chunk_mb: float,
 ) -> None:
-    """Build the part stores not built yet, each in a fresh `python -m datamodules.store_parallel`
-    process (at most `workers` at once, each with its share of the cores for the tokenizer's
-    threads), or in this process when there is one part to build or one worker. Fresh processes
+    """Build the part stores not built yet, each in a fresh Python process (`_worker`; at most
+    `workers` at once, each with its share of the cores for the tokenizer's threads), or in
+    this process when there is one part to build or one worker. Fresh processes
     start in a fraction of a second: they import only what tokenizing needs, where a spawned
     multiprocessing child would import this process's whole command (torch, Lightning)."""
     todo = [(part, p) for part, p in zip(parts, paths, strict=True) if _opened(p) is None]
@@ -229,42 +264,79 @@ def _build_parts(
     tokenizer_file = paths[0].parent / "tokenizer.json"
     with atomic_path(tokenizer_file) as tmp:
         tmp.write_text(tokenizer.to_str())
-    running: list[tuple[subprocess.Popen, Path]] = []
+    running: list[tuple[subprocess.Popen, Path, object]] = []
     try:
         for part, p in todo:
             while len(running) >= processes:
-                running = _reap(running)
+                running = _reap(running, workers)
             job = p.parent / f"{p.name}.job"
             with atomic_path(job) as tmp:
                 tmp.write_bytes(pickle.dumps((part, str(tokenizer_file), settings, chunk_mb)))
-            command = [sys.executable, "-m", "datamodules.store_parallel", str(job), str(p)]
-            running.append((subprocess.Popen(command, env=env), p))
+            command = [sys.executable, "-c", _WORKER_MAIN, str(job), str(p)]
+            # a group of its own: Ctrl-C reaches it once, from `_stop`, not also from the terminal
+            running.append((subprocess.Popen(command, env=env, start_new_session=True), p, part))
         while running:
-            running = _reap(running)
+            running = _reap(running, workers)
     finally:
-        for process, _ in running:  # an error in one part stops the others
+        _stop([process for process, _, _ in running])
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    """End the part processes still running (an error in one part, or Ctrl-C here): SIGINT,
+    which each answers by removing its temporary files, then SIGKILL for any that hangs."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + _STOP_WAIT_S
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
 
 
-def _reap(running: list[tuple[subprocess.Popen, Path]]) -> list[tuple[subprocess.Popen, Path]]:
+def _reap(
+    running: list[tuple[subprocess.Popen, Path, object]], workers: int
+) -> list[tuple[subprocess.Popen, Path, object]]:
     """The processes still running, after waiting a moment for one to end; a part that
     failed raises its error (a CorpusError naming the file, when it was bad input)."""
     time.sleep(0.05)
     still = []
-    for process, path in running:
+    for process, path, part in running:
         status = process.poll()
         if status is None:
-            still.append((process, path))
+            still.append((process, path, part))
+        elif status in (INTERRUPTED, -signal.SIGINT):  # someone interrupted the part
+            raise KeyboardInterrupt
         elif status != 0:
             error = path.with_suffix(".error")
             if error.exists():
                 raise CorpusError(error.read_text())
-            raise RuntimeError(
-                f"building part {path.name} of the token store failed (exit status {status}); "
-                "its messages are above"
-            )
+            raise _part_failure(path, part, status, workers)
     return still
+
+
+def _part_failure(path: Path, part, status: int, workers: int) -> PartBuildError:
+    """The error of a part's process that ended with `status` (negative: killed by a signal)
+    and no message of bad input."""
+    files = [str(f) for f in _files_of(part)]
+    shown = files[0] if len(files) == 1 else f"{len(files)} files, {files[0]} ... {files[-1]}"
+    if status < 0:
+        name = signal.Signals(-status).name
+        cause = _SIGNAL_CAUSES.get(-status, "it crashed or was stopped from outside")
+        ended = f"was killed by {name}: {cause}"
+    else:  # an exception the process printed (MemoryError, a bug): its traceback is above
+        ended = f"failed (exit status {status}); its traceback is printed above"
+    text = f"the process building part {path.name} of the token store ({shown}) {ended}. "
+    if status == -signal.SIGTERM:  # stopped on purpose: nothing to change
+        return PartBuildError(text + "Run the same command again", workers)
+    fewer = max(1, workers // 2)
+    return PartBuildError(
+        text + f"Run the same command with fewer processes at once: prepare.workers={fewer} "
+        f"(it was {workers})",
+        fewer,
+    )
 
 
 def _build_part(
@@ -284,15 +356,20 @@ def _build_part(
                 raise
 
 
-def _worker(job: Path, path: Path) -> int:
-    """`python -m datamodules.store_parallel JOB PART`: build the part that JOB describes (bad
-    input: exit status 3, the message in PART.error for the parent to raise)."""
+def _worker(job: str, part_path: str) -> int:
+    """A part's process (`_WORKER_MAIN`): build the part that the file `job` describes at
+    `part_path` (bad input: exit status 3, the message in PART.error for the parent to raise;
+    SIGINT: its temporary files removed, exit status 130, quietly)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    path = Path(part_path)
     logging.basicConfig(level=logging.INFO, format=f"[{path.name}] %(message)s")
-    part, tokenizer_file, settings, chunk_mb = pickle.loads(job.read_bytes())
+    part, tokenizer_file, settings, chunk_mb = pickle.loads(Path(job).read_bytes())
     try:
         _build_part(part, path, Tokenizer.from_file(tokenizer_file), settings, chunk_mb)
     except CorpusError:  # written to PART.error for the parent
         return 3
+    except KeyboardInterrupt:  # from `_stop`: the temporary files are gone; the parent reports
+        return INTERRUPTED
     return 0
 
 
@@ -348,7 +425,3 @@ def _copy(writer: StoreWriter, part: TokenStore, name: str, shift: int) -> None:
         handle.seek(skip * dtype.itemsize)
         while len(block := np.fromfile(handle, dtype=dtype, count=_COPY_ELEMENTS)):
             writer.write(name, block + shift if shift else block)
-
-
-if __name__ == "__main__":
-    sys.exit(_worker(Path(sys.argv[1]), Path(sys.argv[2])))

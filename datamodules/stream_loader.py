@@ -25,6 +25,7 @@ from datamodules.corpus import file_pieces
 from datamodules.loaders import ResumableLoader, _keep
 from datamodules.mixture import MixtureCorpus
 from datamodules.objective import CausalLMObjective, Objective
+from datamodules.resume_text import text_changed
 from datamodules.store import StoreSettings
 from datamodules.store_build import BlockEncoder
 from datamodules.stream_read import (
@@ -316,6 +317,8 @@ class StreamedData:
             self._apply(state)
 
     def _apply(self, state: dict[str, Any]) -> None:
+        if refusal := text_changed(state.get("corpus"), self.corpus_key, self.corpus):
+            raise DataSetupError(refusal)
         for key, value in self.settings_key().items():
             if state.get(key) != value:
                 raise DataSetupError(

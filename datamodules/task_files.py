@@ -62,7 +62,7 @@ def read_examples(
     if not path.is_file():
         raise TaskDataError(_missing_file(spec, split, path, labelled))
     known = spec.labels if labels is None else labels
-    allowed = None if spec.is_regression or known is None else set(known)
+    allowed = None if spec.is_regression or known is None else {label_text(k) for k in known}
     examples: list[Example] = []
     for line, record in _records(spec, path, spec.file_format(split), labelled):
         if limit is not None and len(examples) >= limit:

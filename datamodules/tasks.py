@@ -18,8 +18,12 @@ import dataclasses
 import json
 import logging
 import os
+import re
+import shlex
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ DEFAULT_METRICS = {"classification": ("accuracy",), "regression": ("spearman", "
 _SUFFIX_FORMAT = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
 
 Column = str | int
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 class TaskDataError(ValueError):
@@ -323,10 +328,22 @@ def _plain(value: Any) -> Any:
 
 
 def label_text(value: object) -> str:
-    """Class names are strings; JSON numbers/booleans and YAML ints map to their text."""
+    """Class names are strings; JSON numbers/booleans and YAML numbers map to their text, and
+    equal numbers to one spelling (`1`, `1.0`, `+1` and `1e0` are `1`; `0.50` is `0.5`), so
+    that a column that spells a class two ways still holds one class."""
     if isinstance(value, bool):
         return str(value).lower()
-    return str(value).strip()
+    text = str(value).strip()
+    number = label_number(text)
+    if number is None:
+        return text
+    return str(int(number)) if number == number.to_integral_value() else f"{number.normalize():f}"
+
+
+def label_number(label: str) -> Decimal | None:
+    """The number a label spells (digits, a sign, a point, an exponent), else None: words,
+    and `nan` or `inf`, are class names."""
+    return Decimal(label) if _NUMBER.fullmatch(label) else None
 
 
 def is_column_name(column: object) -> bool:
@@ -349,7 +366,12 @@ class LabelMap:
 
     @property
     def label_to_id(self) -> dict[str, int]:
-        return {label: i for i, label in enumerate(self.labels)}
+        """Ids by class name as read from files (`label_text`): a map saved before equal
+        numbers were one spelling (`1.0`) still finds its classes."""
+        ids: dict[str, int] = {}
+        for i, label in enumerate(self.labels):
+            ids.setdefault(label_text(label), i)
+        return ids
 
     @property
     def id_to_label(self) -> dict[int, str]:
@@ -357,16 +379,39 @@ class LabelMap:
 
 
 def collect_labels(examples: Sequence[Example]) -> list[str]:
-    """The distinct labels, sorted (numerically when all are integers, so "2" < "10")."""
+    """The distinct labels, sorted (numbers by value, so "2" < "10", before words)."""
     distinct = {str(e.label) for e in examples if e.label is not None}
 
     def key(label: str) -> tuple:
-        try:
-            return (0, int(label), "")
-        except ValueError:
-            return (1, 0, label)
+        number = label_number(label)
+        return (1, Decimal(0), label) if number is None else (0, number, "")
 
     return sorted(distinct, key=key)
+
+
+def mixed_labels(spec: TaskSpec, examples: Sequence[Example], labels: list[str]) -> str | None:
+    """Why the labels collected from the training file cannot be the classes: they mix numbers
+    and words (`0`, `1` and `positive`: a row labelled by another scheme, or a word that means
+    one of the numbers); None when they do not. The message counts each label's rows and
+    gives both fixes, the rows or an explicit `task.labels`."""
+    numbers = [label for label in labels if label_number(label) is not None]
+    if not numbers or len(numbers) == len(labels):
+        return None
+    counts = Counter(str(e.label) for e in examples if e.label is not None)
+    # as Hydra reads a list item: bare when it is one word, else in double quotes
+    shown = [label if re.fullmatch(r"[\w.+-]+", label) else json.dumps(label) for label in labels]
+    listed = ", ".join(
+        f"{item} ({counts[label]} row{'s' * (counts[label] != 1)})"
+        for item, label in zip(shown, labels, strict=True)
+    )
+    items = ",".join(shown)
+    return (
+        f"task {spec.name!r}: the labels of the {spec.train_split!r} file "
+        f"{spec.path(spec.train_split)} (column {spec.label_column!r}) mix numbers and words: "
+        f"{listed}. Equal numbers are one class (1 and 1.0), a word is a class of its own; fix "
+        "the rows whose label is of the other kind, or, if each is a class, list them in id "
+        f"order: {shlex.quote(f'task.labels=[{items}]')}"
+    )
 
 
 def build_label_map(spec: TaskSpec, train_examples: Sequence[Example] | None = None) -> LabelMap:
@@ -381,6 +426,8 @@ def build_label_map(spec: TaskSpec, train_examples: Sequence[Example] | None = N
             f"{spec.train_split!r} split; give its file, or list task.labels"
         )
     labels = collect_labels(train_examples)
+    if refusal := mixed_labels(spec, train_examples, labels):
+        raise TaskDataError(refusal)
     if len(labels) < 2:
         raise TaskDataError(
             f"task {spec.name!r}: the {spec.train_split!r} file {spec.path(spec.train_split)} "

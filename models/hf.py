@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from models.atomic_folder import replace_folder, staged_folder
 from models.bert import BertConfig, BertForPreTraining, BertModel
 from models.gpt import GPT, GPTConfig
 
@@ -35,6 +38,7 @@ __all__ = [
     "load_hf",
     "load_hf_bert",
     "load_hf_gpt",
+    "write_hf_export",
 ]
 
 log = logging.getLogger(__name__)
@@ -433,9 +437,12 @@ def export_hf(
     BERT loads with `AutoModelForPreTraining` (or `AutoModel` for a `BertModel`), GPT with
     `AutoModelForCausalLM`. Tied weights are stored once, as `save_pretrained` does.
 
+    The export replaces `directory` whole (models/atomic_folder.py): a kill mid-export leaves
+    the previous export as it was, never a mix of old and new files.
+
     Args:
         model: our model, in any dtype (weights are written as they are).
-        directory: created if needed; existing files of the same names are overwritten.
+        directory: created if needed; files of the same names are replaced, others kept.
         tokenizer: a `tokenizers.Tokenizer` (anything with `.save(path)`); writes
             `tokenizer.json` and a `tokenizer_config.json` for `AutoTokenizer`.
         special_tokens: HF names to tokens, e.g. {"cls_token": "[CLS]", "eos_token": "</s>"};
@@ -444,8 +451,19 @@ def export_hf(
     Returns:
         The directory.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    write_hf_export(model, directory, tokenizer=tokenizer, special_tokens=special_tokens)
+    return Path(directory)
+
+
+def write_hf_export(
+    model: BertForPreTraining | BertModel | GPT,
+    directory: str | Path,
+    *,
+    tokenizer: SavesTokenizer | None = None,
+    special_tokens: Mapping[str, str] | None = None,
+) -> bool:
+    """`export_hf`, returning whether `directory` changed (False: it held this very export
+    already, which is then left untouched; a re-export of a finished run says which)."""
     if isinstance(model, GPT):
         hf_config, spec = llama_hf_config(model.config), _llama_spec(model.config)
     elif isinstance(model, BertForPreTraining | BertModel):
@@ -462,12 +480,17 @@ def export_hf(
             # Split views share storage, which safetensors refuses: store each as its own copy.
             tensors[name] = part.contiguous().clone()
     hf_config["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    if tokenizer is not None:
-        tokens = _write_tokenizer(tokenizer, directory, special_tokens, model, hf_config)
-        log.info("wrote tokenizer with special tokens %s", tokens)
-    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    return directory
+    with staged_folder(directory) as staging:
+        if tokenizer is not None:
+            tokens = _write_tokenizer(tokenizer, staging, special_tokens, model, hf_config)
+            log.info("wrote tokenizer with special tokens %s", tokens)
+        config = staging / "config.json"
+        config.write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        weights = staging / "model.safetensors"
+        save_file(tensors, weights, metadata={"format": "pt"})
+        # safetensors creates its file private (0600); give it the mode of the export's others
+        os.chmod(weights, stat.S_IMODE(config.stat().st_mode))
+        return replace_folder(staging, directory)
 
 
 _DEFAULT_SPECIAL_TOKENS = {

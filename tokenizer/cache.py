@@ -40,6 +40,12 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def partial_writes(folder: str | os.PathLike, names: str = "*") -> list[Path]:
+    """The temporary files of `atomic_path` writes in `folder` whose destinations match
+    `names` (a glob): left by a kill before their rename (or of a write still going on)."""
+    return sorted(Path(folder).glob(f".{names}.*.tmp"))
+
+
 def write_text_atomic(dest: str | os.PathLike, text: str) -> None:
     """Write `text` (UTF-8) to `dest` through `atomic_path`."""
     with atomic_path(dest) as tmp:

@@ -7,19 +7,24 @@ written atomically (`last.ckpt` and a periodic `stepNNNNNNN.ckpt`, as at any che
 interval, so resuming from it is exact), and `TrainingInterrupted` is raised for the command to
 print how to resume and exit non-zero (128 + the signal's number, as a shell reports it).
 
-A second Ctrl-C while waiting for the step to end aborts at once (KeyboardInterrupt, no
-checkpoint). In a multi-process run, the processes agree at every step boundary whether any of
-them was signalled, so all stop after the same step. Under SLURM, SIGUSR1 also requeues the job
+A second Ctrl-C while waiting for the step to end aborts at once (`TrainingAborted`, no
+checkpoint), and so does SIGINT or SIGTERM during `fit` before training starts or after it ends
+(`signals_abort`): the command says how to continue from the run's newest checkpoint. (Not a
+KeyboardInterrupt, which Lightning turns into `sys.exit(1)` without a word.) In a
+multi-process run, the processes agree at every step boundary whether any of them was
+signalled, so all stop after the same step. Under SLURM, SIGUSR1 also requeues the job
 (`scontrol requeue`), whose `resume=auto` then continues the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -32,6 +37,7 @@ from pipeline.training.lightning_compat import step_boundary
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+ABORT_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # outside training steps (`signals_abort`)
 
 
 class TrainingInterrupted(Exception):
@@ -56,6 +62,41 @@ class TrainingInterrupted(Exception):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+class TrainingAborted(BaseException):
+    """Training ended at once on a signal, without saving the steps since the run's newest
+    checkpoint. A BaseException, as KeyboardInterrupt is (no `except Exception` of a library
+    swallows it), but not a KeyboardInterrupt: Lightning lets this one through to the command.
+
+    Attributes:
+        signum: the signal received.
+    """
+
+    def __init__(self, signum: int, when: str) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} {when}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _abort(signum: int, frame: FrameType | None) -> None:
+    raise TrainingAborted(signum, "outside a training step")
+
+
+@contextlib.contextmanager
+def signals_abort() -> Iterator[None]:
+    """Within (a run's `fit`): SIGINT and SIGTERM raise `TrainingAborted` at once. While the
+    run trains, `GracefulStop` handles them instead (and puts these back when training ends);
+    Lightning calls this SIGTERM handler after its own."""
+    previous = {signum: signal.signal(signum, _abort) for signum in ABORT_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 class GracefulStop(L.Callback):
@@ -85,7 +126,7 @@ class GracefulStop(L.Callback):
             )
         elif signum == signal.SIGINT:
             self._restore()
-            raise KeyboardInterrupt
+            raise TrainingAborted(signum, "again before the step ended")
 
     def _install(self) -> None:
         for signum in STOP_SIGNALS:

@@ -24,6 +24,7 @@ import copy
 import json
 import logging
 import os
+import shlex
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,10 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from tokenizers import Tokenizer
 from torch import nn
+from yaml import YAMLError
 
 from models.heads import DocumentClassifier, SequenceClassifier
 from models.hf import UnsupportedCheckpointError, load_hf
@@ -51,6 +54,7 @@ from pipeline.run.families import (
     family_named,
     family_of_model,
 )
+from pipeline.run.folder import RECORD_DIR, run_folder_of
 from tokenizer import (
     TokenizerLoadError,
     UnsupportedTokenizerError,
@@ -75,6 +79,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 STATE_PREFIX = "model."  # the LightningModule holds the model as `self.model`
+_MAX_FINE_TUNES = 8  # links followed from a fine-tuned model back to its pretraining run
 
 
 @dataclass
@@ -117,14 +122,21 @@ class Finetuned:
     trained_seq_len: int | None = None
 
 
-def load_pretrained(given: str | os.PathLike | CheckpointSource) -> Pretrained:
+def load_pretrained(
+    given: str | os.PathLike | CheckpointSource, *, instead: str = "give it instead: ckpt={ckpt}"
+) -> Pretrained:
     """Load a model and its tokenizer from a checkpoint file, a run folder or an HF folder.
 
+    `instead`: what to do with the pretraining run when `given` is a fine-tuned model (its
+    path replaces `{ckpt}`), e.g. "score it: make evaluate-lm ckpt={ckpt} suite=blimp".
+
     Raises:
-        CheckpointLoadError: nothing loadable at `given`, an unreadable or foreign checkpoint,
-            or weights that do not fit the stored architecture.
+        CheckpointLoadError: nothing loadable at `given`, a fine-tuned model, an unreadable or
+            foreign checkpoint, or weights that do not fit the stored architecture.
     """
     source = resolve_checkpoint(given)
+    if source.kind == "finetuned":
+        raise CheckpointLoadError(not_pretrained(source, instead))
     if source.contents is None:
         pretrained = _load_hf_folder(source.path)
     else:
@@ -183,6 +195,71 @@ def load_backbone(given: str | os.PathLike | CheckpointSource) -> Pretrained:
         tuned.source,
         tuned.trained_seq_len,
     )
+
+
+def not_pretrained(source: CheckpointSource, instead: str) -> str:
+    """The message for a fine-tuned model given where a pretrained one is needed: what it is
+    (a task classifier: its weights hold no language-model head), the pretraining run it
+    started from (`fine_tuned_from`), and `instead`, with that run in place of `{ckpt}`."""
+    record = source.record
+    text = (
+        f"{source.argument} is a fine-tuned {(record.finetune or {}).get('task', 'task')} "
+        f"classifier ({source.path.name}: a task head on the pretrained backbone, without the "
+        "language-model head of pretraining)"
+    )
+    if record.config.get("from_scratch") is True:
+        text += ", trained from random weights (from_scratch=true)"
+    chain = fine_tuned_from(source)
+    named, last = chain[-1] if chain else ("", None)
+    if last is not None and last.kind != "finetuned":
+        via = "".join(f" by way of the fine-tuned model {n}" for n, _ in chain[:-1])
+        run = "the HF folder" if last.kind == "hf" else "the pretraining run"
+        return f"{text}; it was fine-tuned from {run} {named}{via}: " + instead.format(
+            ckpt=shlex.quote(named)
+        )
+    if chain and last is None:
+        return (
+            f"{text}; its fine-tuning was given ckpt={named}, which is not found from here; "
+            "for that pretraining run: " + instead.format(ckpt=shlex.quote(named))
+        )
+    return f"{text}; its record does not name the pretraining run it started from: " + (
+        instead.format(ckpt="outputs/<model>/<run>")
+    )
+
+
+def fine_tuned_from(source: CheckpointSource) -> list[tuple[str, CheckpointSource | None]]:
+    """The models a fine-tuned `source` descends from, nearest first, each as the `ckpt=` its
+    fine-tuning recorded (`_recorded_path`) and read (None: not found from here), up to the
+    first that is not a fine-tuned model: its pretraining run (MNLI -> RTE is two links)."""
+    chain: list[tuple[str, CheckpointSource | None]] = []
+    origin: CheckpointSource | None = source
+    while origin is not None and origin.kind == "finetuned" and len(chain) < _MAX_FINE_TUNES:
+        named = origin.record.config.get("ckpt")
+        if not isinstance(named, str):
+            break
+        named = _recorded_path(origin.path, named)
+        try:
+            origin = resolve_checkpoint(named)
+        except CheckpointLoadError:
+            origin = None
+        chain.append((named, origin))
+    return chain
+
+
+def _recorded_path(checkpoint: Path, named: str) -> str:
+    """A path recorded in a fine-tuned checkpoint's config (`ckpt=` as its command gave it):
+    as recorded when it is absolute or exists from here, else joined to the working folder
+    that Hydra recorded for the fine-tuning run (`.hydra/hydra.yaml` of the checkpoint's run
+    folder), when that exists."""
+    path = Path(named).expanduser()
+    if path.is_absolute() or path.exists():
+        return named
+    try:
+        hydra = OmegaConf.load(run_folder_of(checkpoint) / RECORD_DIR / "hydra.yaml")
+        there = Path(str(hydra.hydra.runtime.cwd)) / path
+    except (OSError, YAMLError, OmegaConfBaseException):  # no such record: keep the path
+        return named
+    return str(there) if there.exists() else named
 
 
 def expect_inference(pretrained: Pretrained, inference: str) -> None:

@@ -9,7 +9,9 @@ in it is plain data, so it loads with `torch.load(weights_only=True)`.
 
 Kept: the last `keep_last` periodic checkpoints (`stepNNNNNNN.ckpt`), the `keep_best` best by
 validation loss (`best-stepNNNNNNN.ckpt`), and `last.ckpt`. Each file is written to a temporary
-name, fsynced and renamed, so a crash never leaves a half-written checkpoint under a real name.
+name, fsynced and renamed, so a crash never leaves a half-written checkpoint under a real name
+(the temporary file a kill leaves is removed when the run resumes: `remove_partial_saves`), and a
+save that finds the disk full ends the run with one line saying so (pipeline/checkpoint/space.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tokenizers import Tokenizer
 from models.config import ModelConfig
 from pipeline.checkpoint.record import CheckpointRecord
 from pipeline.checkpoint.source import CheckpointSource, read_checkpoint
+from pipeline.checkpoint.space import disk_full_error, free_space
 from pipeline.run.errors import CheckpointLoadError
 from pipeline.run.folder import CHECKPOINT_DIR
 from pipeline.run.recipes import (
@@ -72,8 +75,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.already_read = already_read
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
-        with atomic_path(path) as tmp:
-            torch.save(checkpoint, tmp)
+        free = free_space(Path(path))
+        try:
+            with atomic_path(path) as tmp:
+                torch.save(checkpoint, tmp)
+        except (OSError, RuntimeError) as err:  # torch says "disk full" as a RuntimeError
+            full = disk_full_error(Path(path), checkpoint, err, free)
+            if full is None:
+                raise
+            raise full from err
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict[str, Any]:
         read, self.already_read = self.already_read, None

@@ -31,12 +31,14 @@ import torch
 from pipeline.checkpoint.record import CheckpointRecord
 from pipeline.run.errors import CheckpointLoadError, ConfigError, DamagedCheckpointError
 from pipeline.run.folder import CHECKPOINT_DIR, refuse_overwrite
+from tokenizer.cache import partial_writes
 
 __all__ = [
     "FOLDER_CANDIDATES",
     "CheckpointSource",
     "newest_checkpoint",
     "read_checkpoint",
+    "remove_partial_saves",
     "resolve_checkpoint",
     "resolve_resume",
     "set_aside",
@@ -157,11 +159,15 @@ def resolve_resume(
             the run would overwrite), "auto" (the newest complete checkpoint of this run folder,
             or a fresh start when there is none), a checkpoint file, or a run folder.
         run_dir: this run's folder.
-        first_process: whether this process may move damaged checkpoints aside (only one of
-            a multi-process run does).
+        first_process: whether this process may move damaged checkpoints aside and remove
+            the partial files of interrupted saves in `run_dir` (only one of a multi-process
+            run does).
     """
     if resume is None:
         refuse_overwrite("pretrain", run_dir)
+    if first_process:  # the run's own folder, about to be written to
+        remove_partial_saves(run_dir)
+    if resume is None:
         return None
     if resume == "auto":
         existed = sorted(p.name for p in (run_dir / CHECKPOINT_DIR).glob("*.ckpt"))
@@ -227,6 +233,18 @@ def newest_checkpoint(
     newest = max(ranked)[-1]
     beside = {path.resolve(): read for path, read in contents.items()}
     return CheckpointSource(newest, contents[newest], given, beside)
+
+
+def remove_partial_saves(run_dir: Path) -> list[Path]:
+    """Delete the temporary files of checkpoint saves that a kill interrupted (each checkpoint
+    is written under a temporary name, then renamed: such a file is never a complete
+    checkpoint, which has its own name); returns them. Called before this run's folder is
+    written to, by its first process, while no save of the run can be going on."""
+    partial = partial_writes(run_dir / CHECKPOINT_DIR, "*.ckpt")
+    for path in partial:
+        log.info("removing %s, a checkpoint save interrupted before it was complete", path)
+        path.unlink(missing_ok=True)
+    return partial
 
 
 def set_aside(path: Path) -> Path:

@@ -10,4 +10,5 @@ print the summary), run as `python -m pipeline.commands.<name>`. No module impor
     prepare    datamodules.pretrain             make prepare
     tokenizer  tokenizer                        make tokenizer
     report     pipeline.report                  make report
+    lm_eval_check  (reads config.json only)    make lm-eval, before lm-eval is installed
 """

@@ -9,6 +9,7 @@ python -m pipeline.commands.evaluate_lm ckpt=outputs/bert/<stamp> suite=blimp
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -48,7 +49,10 @@ def score_file(cfg: DictConfig) -> None:
         )
     text = read_text(Path(str(cfg.file)))
     device = resolve_device(cfg.device)
-    pretrained = load_pretrained(cfg.ckpt)
+    instead = (
+        f"score that instead: make evaluate-lm ckpt={{ckpt}} {shlex.quote(f'file={cfg.file}')}"
+    )
+    pretrained = load_pretrained(cfg.ckpt, instead=instead)
     expect_inference(pretrained, "score")
     pretrained.model.to(device)
     print(f"{pretrained.family} model from {pretrained.source} on {device}", file=sys.stderr)

@@ -5,23 +5,66 @@ otherwise) and print documents, tokens, throughput and the cache path. For a str
     python -m pipeline.commands.prepare model=gpt data=text_files data.paths='corpus/*.txt'
     make prepare ... prepare.workers=8        # 8 tokenizing processes (datamodules/store_parallel.py)
     torchrun --nnodes 4 ... -m pipeline.commands.prepare ... prepare.workers=8   # and 4 nodes
+
+Ctrl-C ends it with one line and exit status 130: every cache file is written atomically (a
+store's manifest last), so what is there is complete or ignored, and the same command goes on
+from it. A part's process killed by the system (out of memory) ends it with one line naming the
+part and the command with fewer `prepare.workers`.
 """
 
 from __future__ import annotations
+
+import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from datamodules.run_stores import prepare_stores
+from datamodules.store_parallel import PartBuildError
 from pipeline.pretrain.checks import check_config
-from pipeline.run.cli import entry_point, user_errors
+from pipeline.run.cli import entry_point, make_command, user_errors
 from pipeline.run.errors import ConfigError
-from pipeline.run.launcher import group_choices, launcher_rank, launcher_world_size
+from pipeline.run.launcher import (
+    command_overrides,
+    group_choices,
+    launcher_rank,
+    launcher_world_size,
+)
 from tokenizer import get_tokenizer, tokenizer_cache_path
+
+
+def same_command(*changed: str) -> str:
+    """This command as `make prepare` with its overrides, `changed` (`key=value`) replacing
+    those of the same keys; under a launcher (torchrun, srun) only the changes, since the
+    launcher's own command line is not known here."""
+    if launcher_world_size() > 1:
+        return " ".join(changed) or "the same command"
+    keys = {c.partition("=")[0] for c in changed}
+    kept = [o for o in command_overrides() if o.partition("=")[0] not in keys]
+    return make_command("prepare", [*kept, *changed])
 
 
 @hydra.main(config_path="../../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    try:
+        prepare(cfg)
+    except KeyboardInterrupt:
+        print(
+            "\ninterrupted: the cache is consistent (the tokenizer, stores and parts finished "
+            "so far are complete, nothing half-written is kept); the same command goes on from "
+            f"there: {same_command()}",
+            file=sys.stderr,
+        )
+        sys.exit(130)
+    except PartBuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        fewer = same_command(f"prepare.workers={err.fewer_workers}")
+        print(f"run again with: {fewer}", file=sys.stderr)
+        sys.exit(1)
+
+
+def prepare(cfg: DictConfig) -> None:
+    """Build the caches and print what they hold."""
     with user_errors():
         plan = check_config(cfg, group_choices())
         workers = cfg.prepare.workers

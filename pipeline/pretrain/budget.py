@@ -122,6 +122,7 @@ class TimeBudget(L.Callback):
 
     # When this fraction of the budget has passed, the plan is made again with what was measured.
     REPLAN_AT = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+    STATE_KEY = "TimeBudget"  # its entry among a checkpoint's callback states
 
     def __init__(
         self, seconds: float, pace: Pace, *, calibration_steps: int = 3, margin: float = 0.03
@@ -145,7 +146,7 @@ class TimeBudget(L.Callback):
 
     @property
     def state_key(self) -> str:
-        return "TimeBudget"
+        return self.STATE_KEY
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -156,6 +157,13 @@ class TimeBudget(L.Callback):
             "aimed_at": self.aimed_at,
             "seconds_per_step": self.seconds_per_step,
         }
+
+    @classmethod
+    def planned_end(cls, checkpoint: dict[str, Any]) -> int | None:
+        """The last step that the budget of the run a checkpoint was saved by had planned
+        (None: the run had no budget)."""
+        state = checkpoint.get("callbacks", {}).get(cls.STATE_KEY)
+        return int(state["pace"]["planned"]) if state else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.elapsed = float(state["elapsed"])

@@ -7,6 +7,7 @@ a message that names the config key; nothing has been trained, tokenized or writ
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.corpus import CorpusError
+from datamodules.mixture import source_keys
 from datamodules.objective import (
     CausalLMObjective,
     MaskedLMObjective,
@@ -75,10 +77,22 @@ def build(key: str, node: DictConfig, **kwargs: Any) -> Any:
     except InstantiationException as err:
         cause = err.__cause__
         if isinstance(cause, (ValueError, CorpusError)):
-            raise ConfigError(str(cause)) from cause
+            raise ConfigError(_nested(key, node, err, str(cause))) from cause
         if isinstance(cause, TypeError):  # an unknown or misspelled field
             raise ConfigError(f"{key}: {cause}; check the field names under {key}.") from cause
         raise ConfigError(f"{key}: cannot build {node.get('_target_')}: {err}") from err
+
+
+def _nested(key: str, node: DictConfig, err: InstantiationException, message: str) -> str:
+    """`message`, the complaint of a corpus nested in the `data` node (a mixture's source,
+    at `data.sources.<name>`), with its hints' keys moved under that node (`source_keys`):
+    Hydra names the node that failed in its error (`full_key`)."""
+    failed = re.search(r"^full_key: (\S+)$", str(err), re.MULTILINE)
+    if key != "data" or failed is None or not failed[1].startswith("data."):
+        return message
+    inner = OmegaConf.select(node, failed[1].removeprefix("data."))
+    settings = [k for k in inner if not k.startswith("_")] if isinstance(inner, DictConfig) else []
+    return source_keys(message, failed[1], settings)
 
 
 def check_config(cfg: DictConfig, choices: GroupChoices | None = None) -> RunPlan:

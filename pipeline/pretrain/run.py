@@ -23,8 +23,8 @@ from tokenizers import Tokenizer
 
 from datamodules.objective import trained_seq_len
 from datamodules.pretrain import PretrainDataModule
-from models.hf import export_hf
-from pipeline.checkpoint.interrupt import GracefulStop
+from models.hf import export_hf, write_hf_export
+from pipeline.checkpoint.interrupt import GracefulStop, signals_abort
 from pipeline.checkpoint.load import load_pretrained
 from pipeline.checkpoint.saving import (
     AtomicCheckpointIO,
@@ -36,7 +36,7 @@ from pipeline.checkpoint.saving import (
 from pipeline.checkpoint.source import CheckpointSource, resolve_resume
 from pipeline.finetune.settings import task_from
 from pipeline.pretrain.blimp_probe import BlimpProbe
-from pipeline.pretrain.budget import TimeBudget
+from pipeline.pretrain.budget import RunLength, TimeBudget
 from pipeline.pretrain.checks import WITHOUT_PROBES, RunPlan
 from pipeline.pretrain.corpus_init import CorpusInit
 from pipeline.pretrain.modules import PretrainModule
@@ -55,6 +55,7 @@ from pipeline.training.loggers import (
     tokenizer_fingerprint,
 )
 from pipeline.training.precision import best_precision
+from pipeline.training.strategies import PeerDirectory, peers_lost_as_error
 from tokenizer import get_tokenizer, warn_if_short_vocabulary
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,8 @@ def build_trainer(
             *([probe] if probe else []),
             ValidateLastStep(),
             GracefulStop(),
+            # names a lost process by rank and host (pipeline/training/strategies.py)
+            PeerDirectory(OmegaConf.select(cfg, "trainer.strategy.timeout_s", default=None)),
             *progress_bar(cfg.trainer),
             *checkpoint_callbacks(run_dir, **cfg.checkpoint, resumed=resumed),
         ],
@@ -257,9 +260,14 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         )
     elif first_process() and plan.tokenizer.path is None:  # trained for this run's settings
         warn_if_short_vocabulary(plan.tokenizer, tokenizer)
-    module, datamodule, trainer = assemble(cfg, plan, tokenizer, run_dir, resumed=resumed)
     if resumed is not None:
-        check_compatible(resumed.contents, module.model_config, tokenizer, cfg.optim._target_)
+        model_config = sized_model_config(plan, tokenizer)
+        check_compatible(resumed.contents, model_config, tokenizer, cfg.optim._target_)
+        ended = ended_by(resumed, plan.length)
+        if ended is not None:  # a finished run given resume= again
+            report_ended(resumed, ended, run_dir, plan.family)
+            return
+    module, datamodule, trainer = assemble(cfg, plan, tokenizer, run_dir, resumed=resumed)
     if first_process():
         # a corpus too small for the run fails here, before the run folder holds anything
         datamodule.check_documents(trainer.world_size)
@@ -276,17 +284,58 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         print(f"{plan.family} model, {module.parameter_count():,} parameters; run folder {run_dir}")
         if resumed is not None:
             print(f"resuming from {resumed.path} (step {resumed.contents['global_step']})")
-    # A signal ends `fit` with `TrainingInterrupted` (pipeline/checkpoint/interrupt.py), for the command.
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
+    # A signal ends `fit` with `TrainingInterrupted` or `TrainingAborted`
+    # (pipeline/checkpoint/interrupt.py), for the command.
+    with signals_abort(), peers_lost_as_error(trainer):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from, weights_only=True)
     if trainer.is_global_zero:
         # From the final checkpoint, which holds the whole model under any strategy (under
-        # FSDP each process only holds a shard of `module.model`).
+        # FSDP each process only holds a shard of `module.model`); the one resumed from when
+        # the run trained no step.
         export_dir = None
         if family_named(plan.family).hf_auto_class is not None:  # a family with an HF mapping
-            final = load_pretrained(trainer.checkpoint_callback.last_model_path)
+            final = load_pretrained(trainer.checkpoint_callback.last_model_path or resume_from)
             export_dir = export_hf(final.model, run_dir / HF_DIR, tokenizer=tokenizer)
         tracking = log_run_end(trainer.loggers, hf_export=str(export_dir))
         print_summary(trainer, run_dir, export_dir, plan.family, tracking)
+
+
+def ended_by(resumed: CheckpointSource, length: RunLength) -> str | None:
+    """What ended the run whose checkpoint `resumed` is, when it is the run's end (resuming it
+    would train nothing): `trainer.max_steps`, or the last step its time budget planned; None
+    when there is more to train."""
+    step = int(resumed.contents.get("global_step", 0))
+    if step >= length.max_steps:
+        return f"trainer.max_steps={length.max_steps}"
+    planned = TimeBudget.planned_end(resumed.contents) if length.budget_s is not None else None
+    if planned is not None and step >= planned:
+        return "the last step its trainer.budget planned"
+    return None
+
+
+def report_ended(resumed: CheckpointSource, ended: str, run_dir: Path, family: str) -> None:
+    """A finished run given `resume=` again: nothing is trained or overwritten; its HF export
+    is written again when it does not hold the checkpoint's model (missing, or cut short by a
+    kill during the end-of-run export), and one line says where everything is."""
+    if not first_process():
+        return
+    step = resumed.contents["global_step"]
+    places = f"checkpoint {resumed.path}"
+    if family_named(family).hf_auto_class is not None:  # a family with an HF mapping
+        export = run_dir / HF_DIR
+        missing = not export.is_dir()
+        final = load_pretrained(resumed)
+        places += f", HF export {export}"
+        if write_hf_export(final.model, export, tokenizer=final.tokenizer):
+            was = (
+                "was missing" if missing else "did not match it (cut short, or of an earlier step)"
+            )
+            places += f" (written again from the checkpoint: it {was})"
+    further = ""
+    if ended.startswith("trainer.max_steps"):
+        further = ". To train it further, give a larger trainer.max_steps with resume=auto"
+    said = f"the run in {run_dir} has finished: step {step} ({ended}), nothing to train"
+    print(f"{said}; {places}{further}")
 
 
 def print_summary(

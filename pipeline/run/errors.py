@@ -34,6 +34,11 @@ class WrongFamilyError(CheckpointLoadError):
     """The model is of the other family (a BERT where a GPT is needed, or the reverse)."""
 
 
+class DiskFullError(OSError):
+    """A file could not be written for want of space (ENOSPC, a quota, or torch's own error
+    for it); the message names the file system, the space the file needed and what is intact."""
+
+
 class NonFiniteLossError(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient."""
 
@@ -45,3 +50,9 @@ class ResultsError(ValueError):
 
 class SuiteRecordError(ValueError):
     """A suite folder's record (glue_suite.json) that cannot be read."""
+
+
+class PeerLostError(RuntimeError):
+    """A process of a multi-process run lost another (killed, crashed, its node down or cut
+    off): the message names both processes and what was seen; the run's checkpoints are
+    intact, and resume=auto on every node continues it."""

@@ -8,6 +8,8 @@ checks that need nothing but the command line before Hydra writes anything:
 
 - the folder is taken for this run (`pipeline/run/lock.py`): a second command for a folder
   in use stops with one line naming the other's pid and host;
+- a process of a multi-node run other than the first writes no record and logs to a file of
+  its own (`own_log_file`);
 - `run_name` is one folder name (no `/`, `..`), so a run stays under `outputs/<model>/`;
 - a fresh run into a folder that holds a run is refused (`refuse_overwrite`, which the commands
   also call themselves, for runs started without Hydra);
@@ -96,6 +98,7 @@ class RunFolderGuard(Callback):
         if not first_process():  # the other processes of a run leave its record to the first
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = None
+                own_log_file(config.hydra)
             return
         HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in the folder name
         global _created_run_dir, _created_top
@@ -121,6 +124,18 @@ class RunFolderGuard(Callback):
             stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = f"{RECORD_DIR}/resume-{stamp}"
+
+
+def own_log_file(hydra: DictConfig) -> None:
+    """Give a process that torchrun or srun started (rank > 0) a log file of its own in the
+    run folder, `<command>_rank<r>.log`: processes on other nodes appending to one file over
+    NFS would overwrite each other's lines. (Lightning's own launcher names its processes'
+    jobs, and so their files, itself.)"""
+    handler = OmegaConf.select(hydra, "job_logging.handlers.file")
+    if launcher_rank() > 0 and handler is not None and "filename" in handler:
+        handler.filename = (
+            f"${{hydra.runtime.output_dir}}/${{hydra.job.name}}_rank{launcher_rank()}.log"
+        )
 
 
 def remove_unused_run_folder() -> Path | None:

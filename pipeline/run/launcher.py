@@ -7,6 +7,7 @@ Library modules ask these; the command-line plumbing (`pipeline.run.cli`) uses t
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -60,6 +61,38 @@ def launcher_world_size() -> int:
     if "SLURM_STEP_ID" not in os.environ:
         return 1
     return int(os.environ.get("SLURM_NTASKS", "1"))
+
+
+def local_rank() -> int:
+    """This process's rank among those of its node (torchrun's and Lightning's launchers set
+    LOCAL_RANK), else 0."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def external_launcher() -> str | None:
+    """The launcher ("torchrun" or "srun") when it started this process among others (it started
+    the run's processes on every node, and only it can start them again), else None."""
+    if launcher_world_size() <= 1:
+        return None
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return "torchrun"
+    if "SLURM_STEP_ID" in os.environ:
+        return "srun"
+    return None
+
+
+def relaunch_command(make_form: str, module: str, overrides: list[str]) -> str:
+    """How to run command `module` (`pipeline.commands.pretrain`) again with `overrides`:
+    `make_form` (its `make` line) for a run that one command started; for a run that torchrun or
+    srun started, the line to give that launcher again on every node (its own options are not
+    known to the processes it starts)."""
+    launcher = external_launcher()
+    if launcher is None:
+        return make_form
+    words = shlex.join(["-m", module, *overrides])
+    if launcher == "torchrun":
+        return f".venv/bin/torchrun <the same options as before> {words} (on every node)"
+    return f"srun <the same options as before> .venv/bin/python {words}"
 
 
 def register_resolvers() -> None:

@@ -196,7 +196,9 @@ def evaluate_blimp(
     paper's rows, as `settings` (the `suite` node, conf/suite/blimp.yaml) say. What can fail
     (the settings, the data, the run's corpus) fails before the model is scored."""
     pairs = read_pairs(settings.dir, settings.pairs, settings.phenomena)
-    pretrained = load_pretrained(source)
+    pretrained = load_pretrained(
+        source, instead="score that instead: make evaluate-lm ckpt={ckpt} suite=blimp"
+    )
     tokenizer = pretrained.tokenizer
     check_settings(settings, tokenizer.get_vocab_size(with_added_tokens=True))
     seconds: dict[str, float] = {}

@@ -3,8 +3,12 @@ mix sources, per-source validation, exact resume, reweighting refused, errors na
 
 from __future__ import annotations
 
+import os
 import random
+import re
 import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,11 +22,20 @@ from datamodules.mixture import (
     MixtureCorpus,
     blend,
     resume_overrides,
+    source_keys,
 )
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from datamodules.run_stores import prepare_stores
-from tests.conftest import ListCorpus, compose_pretrain
+from pipeline.pretrain.checks import check_config
+from pipeline.run.errors import ConfigError
+from tests.conftest import (
+    CLI_ENV,
+    REPO,
+    ListCorpus,
+    compose_pretrain,
+    write_two_source_mixture,
+)
 from tests.pipeline.task_data import point_shipped_corpora_at
 from tokenizer import batched, train_tokenizer
 
@@ -238,7 +251,10 @@ def test_the_shipped_mixture_config_and_its_fingerprint(sources, tmp_path, monke
     assert corpus.amounts == {"wikitext2": 0.8, "glue_texts": 0.5}
     assert isinstance(corpus.sources["wikitext2"], TextFilesCorpus)
     changed = dict(sources, beta=ListCorpus(documents("beta", 40, 3)))
-    assert MixtureCorpus(sources).fingerprint() != MixtureCorpus(changed).fingerprint()
+    even = {"epochs": {"alpha": 1, "beta": 1}}
+    assert (
+        MixtureCorpus(sources, **even).fingerprint() != MixtureCorpus(changed, **even).fingerprint()
+    )
 
 
 @pytest.mark.parametrize(
@@ -288,11 +304,17 @@ def test_bad_mixture_settings_name_the_key(sources, kwargs, message):
 def test_a_source_with_bad_input_is_named(sources, tokenizer, tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"Fine text here.\n\nThen \xff broken bytes.\n")
-    corpus = MixtureCorpus({"alpha": sources["alpha"], "crawl": TextFilesCorpus(paths=str(bad))})
+    even = {"epochs": {"alpha": 1, "crawl": 1}}
+    crawl = TextFilesCorpus(paths=str(bad))
+    corpus = MixtureCorpus({"alpha": sources["alpha"], "crawl": crawl}, **even)
     dm = PretrainDataModule(corpus, tokenizer, objective_for(tokenizer), tmp_path / "cache")
-    with pytest.raises(CorpusError, match=r"^data\.sources\.crawl: .*bad\.txt: invalid UTF-8"):
+    with pytest.raises(
+        CorpusError, match=r"^data\.sources\.crawl: .*bad\.txt: invalid UTF-8"
+    ) as err:
         dm.check_documents()
-    small = MixtureCorpus({"alpha": sources["alpha"], "tiny": ListCorpus(["One sentence."])})
+    assert "data.sources.crawl.errors=replace" in str(err.value)
+    tiny = {"alpha": sources["alpha"], "tiny": ListCorpus(["One sentence."])}
+    small = MixtureCorpus(tiny, epochs={"alpha": 1, "tiny": 1})
     dm = PretrainDataModule(small, tokenizer, objective_for(tokenizer), tmp_path / "cache")
     with pytest.raises(DataSetupError, match=r"^data\.sources\.tiny: the corpus \(1 in-memory"):
         dm.check_documents()
@@ -320,3 +342,112 @@ def test_merged_bert_rows_keep_their_masked_positions():
     assert list(merged["masked_positions"]) == [1, 8 + 3, 16 + 1]
     assert list(flat[merged["masked_positions"]]) == [5, 8, 6]
     assert list(merged["nsp_labels"]) == [0, 1, 0]
+
+
+def test_a_mixture_without_weights_or_epochs_is_refused_and_either_fix_works_pasted(tmp_path):
+    """Neither data.weights nor data.epochs (the docs ask for one): refused, with both ways to
+    say it as shell words that compose when pasted after the same command."""
+    command = ("model=gpt-tiny", *write_two_source_mixture(tmp_path), "data.weights=null")
+    with pytest.raises(ConfigError, match="data.weights and data.epochs are both null") as refused:
+        check_config(compose_pretrain(*command))
+    fixes = re.findall(r"'data\.(?:weights|epochs)=\{[^}]*\}'", str(refused.value))
+    assert fixes == ["'data.weights={alpha: 1, beta: 1}'", "'data.epochs={alpha: 1, beta: 1}'"]
+    for fix in fixes:
+        plan = check_config(compose_pretrain(*command, *shlex.split(fix)))
+        assert plan.corpus.amounts == {"alpha": 1.0, "beta": 1.0}
+
+
+def test_a_missing_source_path_names_the_sources_own_key(tmp_path):
+    """A mixture source's path that matches nothing: the error's key is the source's (Hydra's
+    `full_key`), and that key, set to a file, gets past it."""
+    command = ("model=gpt-tiny", *write_two_source_mixture(tmp_path))
+    gone = tmp_path / "gone.txt"
+    with pytest.raises(
+        ConfigError, match=rf"^data\.sources\.beta\.paths pattern '{gone}' matches no file"
+    ):
+        check_config(compose_pretrain(*command, f"data.sources.beta.paths={gone}"))
+    found = f"data.sources.beta.paths={tmp_path / 'alpha.txt'}"
+    assert check_config(compose_pretrain(*command, found)).corpus.sources["beta"].files
+
+
+def test_weights_that_miss_or_add_a_source_hint_the_whole_mapping_which_composes(tmp_path):
+    """The mapping a user's own config gives, with a source missing and a stray name: the hint
+    replaces it whole (Hydra refuses a key new to it, even inside a whole mapping, unless the
+    mapping is nulled first) and then composes."""
+    command = ("model=gpt-tiny", *write_two_source_mixture(tmp_path), "~data.weights.beta")
+    with pytest.raises(ConfigError, match="missing beta") as refused:
+        check_config(compose_pretrain(*command, "+data.weights.gamma=2"))
+    fix = str(refused.value).split("e.g. ")[1]
+    assert fix == "data.weights=null 'data.weights={alpha: 0.7, beta: 1}'"
+    plan = check_config(compose_pretrain(*command, "+data.weights.gamma=2", *shlex.split(fix)))
+    assert plan.corpus.amounts == {"alpha": 0.7, "beta": 1.0}
+
+
+def cache_command(tmp_path, *overrides: str) -> list[str]:
+    """`make tokenizer`'s command line (`python -m pipeline.commands.tokenizer`), caches
+    under `tmp_path`: the quickest command that reads every source."""
+    return [
+        sys.executable,
+        "-m",
+        "pipeline.commands.tokenizer",
+        "model=gpt-tiny",
+        "tokenizer.vocab_size=300",
+        f"paths.cache_dir={tmp_path}/cache",
+        f"paths.output_root={tmp_path}/out",
+        *overrides,
+    ]
+
+
+def test_invalid_utf8_in_a_source_names_its_errors_key_which_works_pasted(tmp_path):
+    """Read by the tokenizer, which trains on every source: the error names the source and
+    the source's own `errors` key, with which the command runs."""
+    mixture = write_two_source_mixture(tmp_path)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes((tmp_path / "beta.txt").read_bytes() + b"\nBroken \xff bytes.\n")
+    overrides = (*mixture, f"data.sources.beta.paths={bad}")
+    plan = check_config(compose_pretrain("model=gpt-tiny", *overrides))
+    with pytest.raises(CorpusError, match=rf"^data\.sources\.beta: {bad}: invalid UTF-8") as err:
+        list(plan.corpus.documents())
+    hint = re.search(r"set (\S+) \(substitute U\+FFFD\)", str(err.value))[1]
+    assert hint == "data.sources.beta.errors=replace"
+    command = cache_command(tmp_path, *overrides, hint)
+    pasted = subprocess.run(command, cwd=REPO, env=CLI_ENV, capture_output=True, text=True)
+    assert pasted.returncode == 0, pasted.stderr[-3000:]
+    assert "mixture of alpha (weight 0.7: 1 text file(s)" in pasted.stdout
+
+
+def test_leaving_a_source_out_as_the_error_says_works_after_make(tmp_path):
+    """A source weighted 0: the error's ARGS, pasted after `make`, drops the source and its
+    weight (a `~key` cannot be a make variable)."""
+    mixture = write_two_source_mixture(tmp_path)
+    with pytest.raises(ConfigError, match=r"data\.weights\.beta=0 is not a positive") as refused:
+        check_config(compose_pretrain("model=gpt-tiny", *mixture, "data.weights.beta=0"))
+    [args] = re.findall(r'ARGS="[^"]*"', str(refused.value))
+    assert args == 'ARGS="~data.sources.beta ~data.weights.beta"'
+    settings = [*cache_command(tmp_path, *mixture)[3:], "data.weights.beta=0"]
+    inherited = ("ALLOCATOR", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    env = {k: v for k, v in os.environ.items() if k not in inherited}
+    made = subprocess.run(
+        ["make", "-s", "tokenizer", "ALLOCATOR=system", *settings, *shlex.split(args)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    [corpus] = [line for line in made.stdout.splitlines() if line.startswith("corpus ")]
+    assert "mixture of alpha (weight 0.7: 1 text file(s)" in corpus and "beta" not in corpus
+
+
+def test_source_keys_moves_hint_keys_and_leaves_paths_that_look_like_keys():
+    message = (
+        "data.errors: invalid UTF-8; set data.errors=replace, or check data.paths "
+        "(not 'data.paths' or /x/data.errors) and data.text_field"
+    )
+    assert source_keys(message, "data.sources.web", ["errors", "paths"]) == (
+        "data.sources.web: data.errors: invalid UTF-8; set data.sources.web.errors=replace, or "
+        "check data.sources.web.paths (not 'data.paths' or /x/data.errors) and data.text_field"
+    )
+    moved = source_keys("data.paths pattern 'x' matches no file", "data.sources.web", ["paths"])
+    assert moved == "data.sources.web.paths pattern 'x' matches no file"

@@ -9,6 +9,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from datamodules.batches import DataSetupError
+from datamodules.corpus import TextFilesCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 
@@ -135,3 +137,40 @@ def test_lightning_checkpoint_resumes_the_data_exactly(model, make_dm, tmp_path)
     tail = fit(make_dm(model, num_workers=2), total, tmp_path / "resumed", ckpt_path=checkpoint)
     assert head == full[:cut]
     assert tail == full[cut:]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["store", "stream"])
+def test_a_position_is_refused_on_edited_text_and_resumes_on_the_text_put_back(
+    streaming, embedded, bpe, tmp_path
+):
+    """Two paragraphs of the corpus swapped (the same size and token count, so the same
+    batches per epoch): a store's and a stream's saved position are refused, naming the file;
+    with the file as it was, the position is restored."""
+    path = tmp_path / "corpus.txt"
+    original = "\n\n".join(list(embedded.documents())[:40]) + "\n"
+    path.write_text(original)
+
+    def datamodule() -> PretrainDataModule:
+        dm = PretrainDataModule(
+            TextFilesCorpus(str(path)),
+            bpe,
+            CausalLMObjective(seq_len=32, batch_size=4),
+            tmp_path / "cache",
+            streaming=streaming,
+        )
+        dm.setup("fit")
+        return dm
+
+    first = datamodule()
+    next(iter(first.train_dataloader()))
+    state = first.state_dict()
+    paragraphs = original.rstrip("\n").split("\n\n")
+    paragraphs[0], paragraphs[1] = paragraphs[1], paragraphs[0]
+    path.write_text("\n\n".join(paragraphs) + "\n")
+    edited = datamodule()
+    assert streaming or len(edited.train_set) == len(first.train_set)
+    refusal = rf"^cannot resume the data position: the corpus \({path}; fingerprint \w+, now \w+\)"
+    with pytest.raises(DataSetupError, match=refusal):
+        edited.load_state_dict(state)
+    path.write_text(original)
+    datamodule().load_state_dict(state)  # the text it was trained on: restored

@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -239,3 +241,120 @@ def test_one_parquet_file_of_row_groups_is_built_by_two_processes_in_the_same_by
     [two] = prepare_stores(corpus, bpe, CausalLMObjective(), tmp_path / "two", workers=2)
     assert two.built and one.path.name == two.path.name
     assert manifest_files(one) == manifest_files(two)
+
+
+# Loaded by every Python process of a test's `make prepare` (PYTHONPATH): in the process that
+# builds part-0001, the first chunk of text either kills the process as the OOM killer does
+# (SIGKILL; its temporary files are open) or marks the file HOOK_MARK and waits, to be stopped.
+PART_HOOK = """
+import os, signal, sys, time
+argv = getattr(sys, "orig_argv", [])
+if any("store_parallel" in a for a in argv) and argv[-1].endswith("part-0001"):
+    import datamodules.store_build as build
+    original = build._chunks
+
+    def _chunks(*args, **kwargs):
+        if os.environ["HOOK_ACTION"] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        open(os.environ["HOOK_MARK"], "w").close()
+        time.sleep(300)
+        yield from original(*args, **kwargs)
+
+    build._chunks = _chunks
+"""
+
+
+def prepare_in_two_parts(text_folder, tmp_path, action: str) -> tuple[subprocess.Popen, list]:
+    """`python -m pipeline.commands.prepare ... prepare.workers=2` (in a session of its own)
+    with PART_HOOK doing `action` in part-0001's process; returns the process and its
+    command line."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(PART_HOOK)
+    env = CLI_ENV | {"PYTHONPATH": str(hook), "HOOK_ACTION": action}
+    env["HOOK_MARK"] = str(tmp_path / "mark")
+    overrides = [
+        "model=gpt-tiny",
+        "data=text_files",
+        f"data.paths={text_folder}/*.txt",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        "prepare.workers=2",
+    ]
+    command = [sys.executable, "-m", "pipeline.commands.prepare", *overrides]
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    return process, overrides
+
+
+def paste(command_line: str) -> subprocess.CompletedProcess:
+    """A printed `make prepare ...` command run as a user pastes it, in the repository."""
+    assert command_line.startswith("make prepare ")
+    inherited = ("ALLOCATOR", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHONPATH")
+    env = {k: v for k, v in os.environ.items() if k not in inherited} | CLI_ENV
+    return subprocess.run(
+        ["bash", "-c", command_line],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_part_process_killed_by_the_oom_killer_is_named_with_the_fix(text_folder, tmp_path):
+    """The process of part-0001 gets SIGKILL mid-build: one error line names the part, its
+    files, the signal, the likely cause and fewer prepare.workers; the command printed runs."""
+    process, _ = prepare_in_two_parts(text_folder, tmp_path, "kill")
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and "messages are above" not in err
+    [error] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "building part part-0001 of the token store" in error
+    assert f"token store ({text_folder}/part6.txt) was killed by SIGKILL" in error
+    assert "killed by SIGKILL" in error and "ran out of memory" in error
+    assert "prepare.workers=1 (it was 2)" in error
+    [again] = [line for line in err.splitlines() if line.startswith("run again with: ")]
+    command = again.removeprefix("run again with: ")
+    assert command.endswith(" prepare.workers=1") and "prepare.workers=2" not in command
+    done = paste(command)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(built)" in done.stdout
+
+
+def test_ctrl_c_in_prepare_leaves_a_consistent_cache_that_the_same_command_continues(
+    text_folder, tmp_path
+):
+    """Ctrl-C (SIGINT to the command's process group, as a terminal sends it) while part-0001
+    is being written and part-0000 is done: one line, exit status 130, no temporary file left;
+    the printed command reuses part-0000 and finishes the store."""
+    process, overrides = prepare_in_two_parts(text_folder, tmp_path, "wait")
+    parts = tmp_path / "cache" / "token_stores"
+    deadline = time.monotonic() + 300
+    while not ((tmp_path / "mark").exists() and list(parts.glob("*.parts/*/part-0000/manifest*"))):
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    [line] = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    assert "the cache is consistent" in line
+    command = line.partition("the same command goes on from there: ")[2]
+    assert shlex.split(command)[2:] == overrides  # make prepare <the same overrides>
+    cache = tmp_path / "cache"
+    assert not [p for p in cache.rglob("*") if p.name.endswith(".tmp")]  # nothing half-written
+    assert not list(parts.glob("*/manifest.json"))  # no store yet, and part-0001 not claimed
+    assert not list(parts.glob("*.parts/*/part-0001/manifest.json"))
+    done = paste(command)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1 of the 2 parts here were built before: reused" in done.stdout + done.stderr
+    [store] = parts.glob("*/manifest.json")
+    TokenStore.open(store.parent, verify=True)  # every file's size and sha256 as recorded

@@ -185,6 +185,42 @@ def test_custom_jsonl_pair_task(tmp_path):
     assert build_label_map(spec, examples).labels == ("false", "true")
 
 
+def labelled_csv(folder: Path, values: list[str], **settings) -> TaskSpec:
+    """A one-text CSV task whose rows hold the labels `values`, in order."""
+    rows = "".join(f"text {number},{label}\n" for number, label in enumerate(values))
+    (folder / "train.csv").write_text("text,label\n" + rows)
+    files = {"train": "train.csv"}
+    return TaskSpec("spelled", str(folder), ["text"], "label", files=files, **settings)
+
+
+def test_equal_numbers_are_one_label_whatever_their_spelling(tmp_path):
+    spec = labelled_csv(tmp_path, ["1", "1.0", "0", "0.0", "+1", " 0.00 ", "1e0", "10"])
+    examples = read_examples(spec, "train")
+    assert [e.label for e in examples] == ["1", "1", "0", "0", "1", "0", "1", "10"]
+    assert build_label_map(spec, examples).labels == ("0", "1", "10")
+    # a map saved with another spelling (before) still finds its classes; so do task.labels
+    assert LabelMap("classification", ("0.0", "1.0")).label_to_id == {"0": 0, "1": 1}
+    listed = labelled_csv(tmp_path, ["1.0", "0"], labels=[0.0, 1.0])
+    assert listed.labels == ["0", "1"] and len(read_examples(listed, "train")) == 2
+    old = read_examples(listed, "train", labels=["0.0", "1.0"])  # a model's saved labels
+    assert [e.label for e in old] == ["1", "0"]
+
+
+def test_labels_mixing_numbers_and_words_are_refused_with_counts_and_fixes(tmp_path):
+    spec = labelled_csv(tmp_path, ["1", "1.0", "0", "0.0", "positive", "1"])
+    examples = read_examples(spec, "train")
+    with pytest.raises(TaskDataError) as refused:
+        build_label_map(spec, examples)
+    message = str(refused.value)
+    assert "mix numbers and words: 0 (2 rows), 1 (3 rows), positive (1 row)" in message
+    fix = re.search(r"list them in id order: (\S+)$", message)[1]
+    assert fix == "'task.labels=[0,1,positive]'"
+    listed = labelled_csv(
+        tmp_path, ["1", "1.0", "0", "0.0", "positive", "1"], labels=[0, 1, "positive"]
+    )
+    assert build_label_map(listed, read_examples(listed, "train")).labels == ("0", "1", "positive")
+
+
 def test_label_map_round_trips(tmp_path):
     for label_map in (
         LabelMap("classification", ("entailment", "neutral", "contradiction")),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +196,51 @@ def test_gpt_tokenizer_export_sets_special_token_ids(tmp_path):
 def test_export_rejects_other_modules(tmp_path):
     with pytest.raises(TypeError, match="Linear"):
         export_hf(torch.nn.Linear(2, 2), tmp_path)
+
+
+def _files(folder) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mode & 0o777) for p in folder.iterdir()}
+
+
+def test_an_export_replaces_the_folder_whole_and_keeps_what_it_does_not_write(
+    tmp_path, monkeypatch
+):
+    """A failure (or a kill) mid-export leaves the previous export as it was, never old files
+    beside new ones; the next export clears what the interrupted one left, keeps a file the
+    user put in the folder, and every file it writes has a normal file's mode."""
+    previous_umask = os.umask(0o022)
+    try:
+        tok = _wordpiece_tokenizer()
+        folder = tmp_path / "hf"
+        first = load_hf_bert(hf_bert("tiny", vocab_size=tok.get_vocab_size(), seed=1))
+        export_hf(first, folder, tokenizer=tok)
+        (folder / "README.md").write_text("notes of mine")
+        before = _files(folder)
+        assert {mode for _, mode in before.values()} == {0o644}
+
+        def cut_short(tensors, filename, metadata=None):
+            Path(filename).write_bytes(b"\0" * 100)
+            raise OSError(28, "No space left on device")
+
+        second = load_hf_bert(hf_bert("tiny", vocab_size=tok.get_vocab_size(), seed=2))
+        with monkeypatch.context() as patched:
+            patched.setattr("models.hf.save_file", cut_short)
+            with pytest.raises(OSError, match="No space left"):
+                export_hf(second, folder, tokenizer=tok)
+        assert _files(folder) == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+        killed = tmp_path / ".hf.staged-0badf00d"  # what a SIGKILL mid-export leaves
+        killed.mkdir()
+        (killed / "tokenizer.json").write_text("{}")
+        export_hf(second, folder, tokenizer=tok)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+        after = _files(folder)
+        assert after["README.md"] == before["README.md"]
+        assert after.keys() == before.keys()
+        assert after["model.safetensors"] != before["model.safetensors"]
+        assert {mode for _, mode in after.values()} == {0o644}
+        reloaded = load_hf_bert(folder).state_dict()
+        assert all(torch.equal(reloaded[k], v) for k, v in second.state_dict().items())
+    finally:
+        os.umask(previous_umask)

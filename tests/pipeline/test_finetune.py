@@ -307,6 +307,40 @@ def test_custom_task_from_jsonl_collects_and_saves_its_labels(bert_ckpt, tmp_pat
     assert "accuracy" in results.best.metrics["dev"]
 
 
+def test_labels_spelled_two_ways_are_one_class_and_a_word_among_numbers_is_refused(
+    bert_ckpt, tmp_path
+):
+    """`python -m pipeline.commands.finetune` on a CSV whose labels read 1, 1.0, 0, 0.0 and
+    positive: refused with each label's rows; the `task.labels` of the message, pasted, trains
+    three classes (1 and 1.0 are one)."""
+    data = tmp_path / "reviews"
+    data.mkdir()
+    spellings = ["1", "1.0", "0", "0.0"] * 6
+    for split, labels in (("train", [*spellings, "positive"]), ("dev", spellings[:8])):
+        rows = "".join(f"review {i},{label}\n" for i, label in enumerate(labels))
+        (data / f"{split}.csv").write_text("text,label\n" + rows)
+    task = (
+        "task=custom",
+        f"task.data_dir={data}",
+        "task.files={train: train.csv, dev: dev.csv}",
+        "task.text_columns=[text]",
+        "task.label_column=label",
+        f"ckpt={bert_ckpt}",
+        "trainer.max_epochs=1",
+        "logger=csv",
+        f"paths.output_root={tmp_path / 'out'}",
+    )
+    refused = run_cli("pipeline.commands.finetune", *task, "run_name=mixed", tmp_path=tmp_path)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    [error] = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert "mix numbers and words: 0 (12 rows), 1 (12 rows), positive (1 row)" in error
+    fix = shlex.split(re.search(r"list them in id order: (\S+)$", error)[1])
+    pasted = run_cli("pipeline.commands.finetune", *task, *fix, "run_name=three", tmp_path=tmp_path)
+    assert pasted.returncode == 0, pasted.stderr[-3000:]
+    three = load_labels(tmp_path / "out/finetune/custom/three/labels.json")
+    assert three.labels == ("0", "1", "positive")  # 1 and 1.0 one class, the word another
+
+
 @pytest.mark.skipif(not LONG_DOCS.is_dir(), reason=f"long documents not found at {LONG_DOCS}")
 @pytest.mark.parametrize(
     "mode",

@@ -11,8 +11,10 @@ import pytest
 from pipeline.checkpoint.interrupt import (
     STOP_SIGNALS,
     GracefulStop,
+    TrainingAborted,
     TrainingInterrupted,
     requeue_slurm_job,
+    signals_abort,
 )
 
 
@@ -33,10 +35,23 @@ def test_the_first_signal_is_recorded_and_the_second_ctrl_c_aborts(handlers, cap
     assert "finishing the current optimizer step" in capsys.readouterr().err
     os.kill(os.getpid(), signal.SIGTERM)  # another SIGTERM: still waiting for the step
     assert handlers.received == signal.SIGTERM
-    with pytest.raises(KeyboardInterrupt):
+    # not a KeyboardInterrupt, which Lightning would turn into exit(1) without a word
+    with pytest.raises(TrainingAborted, match="stopped by SIGINT again") as aborted:
         os.kill(os.getpid(), signal.SIGINT)
+    assert not isinstance(aborted.value, KeyboardInterrupt) and aborted.value.exit_code == 130
     assert signal.getsignal(signal.SIGINT) != handlers._handle  # the previous handlers are back
     assert handlers._previous == {}
+
+
+def test_outside_training_steps_sigint_and_sigterm_abort_at_once_until_put_back():
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    with signals_abort():
+        with pytest.raises(TrainingAborted, match="stopped by SIGTERM outside a training step"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(TrainingAborted) as aborted:
+            os.kill(os.getpid(), signal.SIGINT)
+        assert aborted.value.exit_code == 130
+    assert {signum: signal.getsignal(signum) for signum in before} == before
 
 
 def test_handlers_are_put_back_when_training_ends(handlers):

@@ -13,7 +13,13 @@ from models.hf import export_hf
 from pipeline.checkpoint.load import expect_inference, load_pretrained, resolve_device
 from pipeline.checkpoint.source import resolve_checkpoint
 from pipeline.run.errors import CheckpointLoadError, ConfigError, WrongFamilyError
-from tests.pipeline.tiny_models import checkpoint_dict, tiny_model, trained_tokenizer, write_run
+from tests.pipeline.tiny_models import (
+    checkpoint_dict,
+    tiny_model,
+    trained_tokenizer,
+    write_fine_tuned,
+    write_run,
+)
 from tokenizer import tokenizer_kind
 
 
@@ -212,3 +218,34 @@ def test_resolve_device():
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA GPU"):
             resolve_device("cuda")
+
+
+def test_a_fine_tuned_model_where_a_pretrained_one_is_needed_names_its_pretraining_run(
+    tmp_path, monkeypatch
+):
+    """RTE fine-tuned from an MNLI model fine-tuned from a pretraining run, each `ckpt=` given
+    relative to the folder the fine-tuning ran in (not this one): the error names the RTE
+    classifier, the pretraining run by its full path, the MNLI model on the way, and the command
+    with the run; not the weight names of a mismatch."""
+    _, _, pretrained = write_run(tmp_path / "work" / "pre", "gpt")
+    work = tmp_path / "work"
+    mnli = write_fine_tuned(work / "ft" / "mnli", pretrained, "pre", work, task="mnli")
+    mnli_ckpt = mnli / "checkpoints" / "best.ckpt"
+    rte = write_fine_tuned(work / "ft" / "rte", mnli_ckpt, "ft/mnli", work, task="rte")
+    monkeypatch.chdir(tmp_path)  # neither recorded path exists from here
+    with pytest.raises(CheckpointLoadError) as raised:
+        load_pretrained(rte)
+    message = str(raised.value)
+    assert message.startswith(f"{rte} is a fine-tuned rte classifier (best.ckpt: a task head")
+    assert (
+        f"fine-tuned from the pretraining run {work / 'pre'} by way of the fine-tuned " in message
+    )
+    assert message.endswith(f"model {work / 'ft' / 'mnli'}: give it instead: ckpt={work / 'pre'}")
+    assert "missing" not in message and "different version" not in message
+    # copied away from its run folder, the record's relative path cannot be found: it is named
+    alone = tmp_path / "alone.ckpt"
+    alone.write_bytes(mnli_ckpt.read_bytes())
+    with pytest.raises(
+        CheckpointLoadError, match="its fine-tuning was given ckpt=pre, which is not"
+    ):
+        load_pretrained(alone)

@@ -245,7 +245,7 @@ def test_two_stops_and_resumes_leave_one_last_checkpoint_the_newest(shared_runs)
     assert again.returncode == 143, again.stderr_text[-3000:]
     second_stop = int(again.stderr_text.split("after step ")[1].split(";")[0])
     assert first_stop < second_stop < STEPS
-    assert again.stderr_text.split("; checkpoint ")[1].split()[0].endswith("/last.ckpt")
+    assert again.stderr_text.split("; checkpoint ")[1].split(";")[0].endswith("/last.ckpt")
     done = run_pretrain(tmp_path, *resumed, f"run_name={name}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert resumed_step(done.stdout) == second_stop
@@ -410,6 +410,46 @@ def test_killed_mixture_run_resumes_exactly_and_so_do_its_sources_counts(tmp_pat
     assert "add data.epochs=null 'data.weights={alpha: 0.7, beta: 0.3}'" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+
+
+def test_a_mixture_resumed_on_an_edited_source_is_refused_until_the_file_is_back(tmp_path):
+    """Two paragraphs of one source swapped after a checkpoint (the same size, tokens and
+    batches, a new store): `resume=auto` refuses, naming the source and its file, before any
+    step or checkpoint; with the file put back, as the message says, the run resumes."""
+    run = (
+        "model=gpt-tiny",
+        "debug=smoke",
+        "trainer.precision=32",
+        "trainer.val_check_interval=2",
+        "checkpoint.every_n_steps=2",
+        "run_name=edited",
+        *write_two_source_mixture(tmp_path),
+    )
+    first = run_pretrain(tmp_path, *run, "trainer.max_steps=4")
+    assert first.returncode == 0, first.stderr[-3000:]
+    alpha = tmp_path / "alpha.txt"
+    original = alpha.read_text()
+    paragraphs = original.rstrip("\n").split("\n\n")
+    paragraphs[0], paragraphs[1] = paragraphs[1], paragraphs[0]
+    alpha.write_text("\n\n".join(paragraphs) + "\n")
+    assert alpha.stat().st_size == len(original.encode())
+    checkpoints = tmp_path / "out/gpt-tiny/edited/checkpoints"
+    before = sorted(p.name for p in checkpoints.iterdir())
+
+    refused = run_pretrain(tmp_path, *run, "trainer.max_steps=6", "resume=auto")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    [error] = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith(
+        f"error: cannot resume the data position: data.sources.alpha ({alpha}; fingerprint "
+    )
+    assert "Put the files and settings back as they were and resume again" in error
+    assert "data position restored" not in refused.stdout + refused.stderr
+    assert sorted(p.name for p in checkpoints.iterdir()) == before
+
+    alpha.write_text(original)
+    resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=6", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout and "data position restored" in resumed.stdout
 
 
 def test_killed_streamed_run_resumes_exactly(tmp_path):

@@ -68,3 +68,33 @@ def write_run(run_dir: Path, family: str, seed: int = 0, **overrides):
     path.parent.mkdir(parents=True)
     torch.save(checkpoint_dict(model, tokenizer, family), path)
     return model, tokenizer, path
+
+
+def write_fine_tuned(
+    run_dir: Path, pretrained: Path, named: str, cwd: Path, task: str = "sst2"
+) -> Path:
+    """A fine-tuning run folder as `make finetune task=<task> ckpt=<named>` run in `cwd`
+    leaves it, from the checkpoint file `pretrained`: `checkpoints/best.ckpt` holding a task
+    head on the backbone, the `finetune` entry and the run's config (`ckpt` as given), and
+    Hydra's record of the working folder. Returns the run folder."""
+    contents = torch.load(pretrained, map_location="cpu", weights_only=True)
+    state = {
+        f"model.backbone.{key.removeprefix('model.')}": value
+        for key, value in contents["state_dict"].items()
+        if key.startswith("model.")
+    }
+    width = contents["model_config"]["d_model"]
+    state |= {"model.head.weight": torch.zeros(2, width), "model.head.bias": torch.zeros(2)}
+    contents["state_dict"] = state
+    contents["finetune"] = {
+        "task": task,
+        "kind": "classification",
+        "labels": ["0", "1"],
+        "metrics": ["accuracy"],
+    }
+    contents["config"] = {"ckpt": named, "from_scratch": False, "task": {"name": task}}
+    (run_dir / "checkpoints").mkdir(parents=True)
+    torch.save(contents, run_dir / "checkpoints" / "best.ckpt")
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "hydra.yaml").write_text(f"hydra:\n  runtime:\n    cwd: {cwd}\n")
+    return run_dir
