@@ -31,6 +31,7 @@ part: it is built by one process, as before.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import logging
@@ -74,6 +75,7 @@ log = logging.getLogger(__name__)
 _ROOT = Path(__file__).resolve().parents[1]  # the folder that holds `datamodules`
 _JOINER = "rank 0 to join the parts into the store"
 _COPY_ELEMENTS = 1 << 24  # array elements copied at a time while joining (bounded memory)
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal for when the parent ends
 _STOP_WAIT_S = 30.0  # how long a part's process may take to clean up after SIGINT
 INTERRUPTED = 130  # a part process's exit status after SIGINT (as a shell reports Ctrl-C)
 # A part's process: SIGINT while it starts ends it at once and quietly (it has written nothing
@@ -272,7 +274,7 @@ def _build_parts(
             job = p.parent / f"{p.name}.job"
             with atomic_path(job) as tmp:
                 tmp.write_bytes(pickle.dumps((part, str(tokenizer_file), settings, chunk_mb)))
-            command = [sys.executable, "-c", _WORKER_MAIN, str(job), str(p)]
+            command = [sys.executable, "-c", _WORKER_MAIN, str(job), str(p), str(os.getpid())]
             # a group of its own: Ctrl-C reaches it once, from `_stop`, not also from the terminal
             running.append((subprocess.Popen(command, env=env, start_new_session=True), p, part))
         while running:
@@ -356,11 +358,14 @@ def _build_part(
                 raise
 
 
-def _worker(job: str, part_path: str) -> int:
+def _worker(job: str, part_path: str, parent: str) -> int:
     """A part's process (`_WORKER_MAIN`): build the part that the file `job` describes at
     `part_path` (bad input: exit status 3, the message in PART.error for the parent to raise;
-    SIGINT: its temporary files removed, exit status 130, quietly)."""
+    SIGINT: its temporary files removed, exit status 130, quietly); `parent`: the pid of the
+    process that started it."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not _interrupted_when_parent_dies(int(parent)):  # gone already: nobody to build for
+        return INTERRUPTED
     path = Path(part_path)
     logging.basicConfig(level=logging.INFO, format=f"[{path.name}] %(message)s")
     part, tokenizer_file, settings, chunk_mb = pickle.loads(Path(job).read_bytes())
@@ -371,6 +376,18 @@ def _worker(job: str, part_path: str) -> int:
     except KeyboardInterrupt:  # from `_stop`: the temporary files are gone; the parent reports
         return INTERRUPTED
     return 0
+
+
+def _interrupted_when_parent_dies(parent: int) -> bool:
+    """Ask Linux to send this part's process SIGINT when its parent ends: it runs in a session
+    of its own (out of reach of the terminal's Ctrl-C, which the parent forwards), so a parent
+    killed outright (SIGKILL, a job scheduler) would otherwise leave it writing parts beside
+    the user's next run (elsewhere nothing is asked). False when the parent (its pid) has
+    ended already."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # no prctl: it outlives the parent
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGINT))
+    return os.getppid() == parent
 
 
 def join_parts(

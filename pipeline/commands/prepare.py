@@ -29,19 +29,19 @@ from pipeline.run.launcher import (
     group_choices,
     launcher_rank,
     launcher_world_size,
+    relaunch_command,
 )
 from tokenizer import get_tokenizer, tokenizer_cache_path
 
 
 def same_command(*changed: str) -> str:
-    """This command as `make prepare` with its overrides, `changed` (`key=value`) replacing
-    those of the same keys; under a launcher (torchrun, srun) only the changes, since the
-    launcher's own command line is not known here."""
-    if launcher_world_size() > 1:
-        return " ".join(changed) or "the same command"
+    """This command with its overrides, `changed` (`key=value`) replacing those of the same
+    keys: as `make prepare`, or as the launcher's line (torchrun, srun) that started it."""
     keys = {c.partition("=")[0] for c in changed}
-    kept = [o for o in command_overrides() if o.partition("=")[0] not in keys]
-    return make_command("prepare", [*kept, *changed])
+    overrides = [*(o for o in command_overrides() if o.partition("=")[0] not in keys), *changed]
+    return relaunch_command(
+        make_command("prepare", overrides), "pipeline.commands.prepare", overrides
+    )
 
 
 @hydra.main(config_path="../../conf", config_name="prepare", version_base="1.3")

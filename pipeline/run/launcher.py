@@ -65,8 +65,12 @@ def launcher_world_size() -> int:
 
 def local_rank() -> int:
     """This process's rank among those of its node (torchrun's and Lightning's launchers set
-    LOCAL_RANK), else 0."""
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    LOCAL_RANK, srun SLURM_LOCALID), else 0."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if launcher_world_size() > 1:  # a process that srun started among others
+        return int(os.environ.get("SLURM_LOCALID", "0"))
+    return 0
 
 
 def external_launcher() -> str | None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -249,14 +250,16 @@ def test_one_parquet_file_of_row_groups_is_built_by_two_processes_in_the_same_by
 PART_HOOK = """
 import os, signal, sys, time
 argv = getattr(sys, "orig_argv", [])
-if any("store_parallel" in a for a in argv) and argv[-1].endswith("part-0001"):
+if any("store_parallel" in a for a in argv) and any(a.endswith("part-0001") for a in argv):
     import datamodules.store_build as build
     original = build._chunks
 
     def _chunks(*args, **kwargs):
         if os.environ["HOOK_ACTION"] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        open(os.environ["HOOK_MARK"], "w").close()
+        with open(os.environ["HOOK_MARK"] + ".tmp", "w") as mark:  # this process's pid
+            mark.write(str(os.getpid()))
+        os.replace(os.environ["HOOK_MARK"] + ".tmp", os.environ["HOOK_MARK"])
         time.sleep(300)
         yield from original(*args, **kwargs)
 
@@ -358,3 +361,33 @@ def test_ctrl_c_in_prepare_leaves_a_consistent_cache_that_the_same_command_conti
     assert "1 of the 2 parts here were built before: reused" in done.stdout + done.stderr
     [store] = parts.glob("*/manifest.json")
     TokenStore.open(store.parent, verify=True)  # every file's size and sha256 as recorded
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (not ended, nor a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_part_process_ends_when_prepare_is_killed_outright(text_folder, tmp_path):
+    """SIGKILL to `prepare` itself (no cleanup of its own) while part-0001 is written: the
+    part's process, in a session of its own, is sent SIGINT by the kernel and ends, leaving no
+    temporary file, instead of writing on beside the user's next run."""
+    process, _ = prepare_in_two_parts(text_folder, tmp_path, "wait")
+    mark = tmp_path / "mark"
+    deadline = time.monotonic() + 300
+    while not mark.exists():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    part = int(mark.read_text())
+    process.kill()
+    process.communicate(timeout=60)
+    deadline = time.monotonic() + 60
+    while running(part):
+        assert time.monotonic() < deadline, "the part's process outlived prepare by 60 s"
+        time.sleep(0.1)
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.endswith(".tmp")]

@@ -45,7 +45,7 @@ from omegaconf import OmegaConf, open_dict
 from pipeline.pretrain.checks import check_config
 from pipeline.run.errors import ConfigError, PeerLostError
 from pipeline.run.folder import own_log_file
-from pipeline.run.launcher import relaunch_command
+from pipeline.run.launcher import local_rank, relaunch_command
 from pipeline.training.strategies import (
     Peer,
     PeerDirectory,
@@ -533,6 +533,27 @@ def test_the_command_that_continues_is_the_launchers(monkeypatch, env, expected)
     overrides = ["data.paths=[a b]", "run_name=x", "resume=auto"]
     made = "make pretrain run_name=x resume=auto"
     assert relaunch_command(made, "pipeline.commands.pretrain", overrides) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, 0),
+        ({"WORLD_SIZE": "4", "LOCAL_RANK": "1"}, 1),  # torchrun, Lightning
+        ({"SLURM_NTASKS": "4", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "1"}, 1),  # srun
+        (
+            {"SLURM_NTASKS": "4", "SLURM_LOCALID": "1"},
+            0,
+        ),  # an sbatch script that srun did not start
+    ],
+)
+def test_the_rank_on_its_node_is_read_from_each_launcher(monkeypatch, env, expected):
+    """Only local rank 0 of a node tells the user of a lost peer: under srun too."""
+    for name in ("WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_LOCALID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert local_rank() == expected
 
 
 @pytest.mark.parametrize(("rank", "log"), [(None, "pretrain.log"), ("3", "pretrain_rank3.log")])
