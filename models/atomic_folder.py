@@ -1,13 +1,20 @@
 """Replacing a folder whole: readers see either its old files or all of the new ones, never a
-mix (models/hf.py writes a Hugging Face export this way).
+mix (models/hf.py writes a Hugging Face export this way, with `write_folder`).
 
 The new files are written into a staging folder beside the target (`staged_folder`), and
 `replace_folder` swaps it in: with one atomic exchange of the two names where the file system
 offers it (Linux `renameat2(RENAME_EXCHANGE)`: ext4, xfs, btrfs, tmpfs, overlayfs), else with
-two renames, between which a kill leaves no folder under the target name (and both copies
-beside it). Files of the old folder that the new one does not hold are kept (hard-linked into
-it), so a file a user put there is not lost. A staging folder left by a killed write is
-removed by the next write of the same target.
+renames (NFS): the staging folder, its files on disk, is renamed `<staging>-ready` (a complete
+copy), the old folder `<staging>-old`, and the ready copy takes the target's name. A kill
+between the last two leaves no folder under the target name, both copies beside it: the next
+write (or `write_folder`'s check) first puts the ready copy back under the name (the `-old`
+one, where an earlier version marked none ready), and only then removes the other leftovers
+of killed writes. Files of the old folder that the new one does not hold are kept
+(hard-linked into it), so a file a user put there is not lost.
+
+`write_folder` first reads whether the folder holds its files already (their bytes, and the
+tensors of safetensors files one at a time), so that rewriting an unchanged folder writes
+nothing, not even a staging copy (on a nearly full disk, say).
 """
 
 from __future__ import annotations
@@ -18,37 +25,109 @@ import errno
 import filecmp
 import logging
 import os
+import re
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-__all__ = ["replace_folder", "staged_folder"]
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+__all__ = ["recover_folder", "replace_folder", "staged_folder", "write_folder"]
 
 log = logging.getLogger(__name__)
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
+# the names of a staging folder swapped in by renames: a complete new copy, the old folder, and
+# the old folder once its removal began (no longer complete)
+_READY, _OLD, _GONE = "-ready", "-old", "-gone"
+_METADATA = {"format": "pt"}  # what `transformers` looks for in a safetensors file
 
 
 def _staging_prefix(directory: Path) -> str:
     return f".{directory.name}.staged-"
 
 
+def write_folder(
+    directory: str | os.PathLike,
+    files: Mapping[str, bytes],
+    tensors: Mapping[str, Mapping[str, torch.Tensor]],
+    *,
+    save: Callable[..., None] = save_file,
+) -> bool:
+    """Make `directory` hold `files` (name -> bytes) and safetensors files (name -> their
+    tensors, written by `save`, which takes `save_file`'s arguments), replaced whole
+    (`replace_folder`); other files of `directory` are kept. Returns whether anything was
+    written: False when `directory` held them all already (found by reading it, without
+    writing anything).
+
+    Raises:
+        OSError: a file could not be written (a full disk is ENOSPC, also where safetensors
+            says so in words); `directory` is then left as it was.
+    """
+    directory = Path(directory)
+    _clear_leftovers(directory)
+    if _holds(directory, files, tensors):
+        return False
+    with staged_folder(directory) as staging:
+        for name, data in files.items():
+            (staging / name).write_bytes(data)
+        for name, named in tensors.items():
+            path = staging / name
+            path.touch()  # with the mode a new file gets under the umask
+            mode = stat.S_IMODE(path.stat().st_mode)
+            _save_tensors(save, named, path)
+            os.chmod(path, mode)  # safetensors makes its file private (0600)
+        return replace_folder(staging, directory)
+
+
+def recover_folder(directory: str | os.PathLike) -> Path | None:
+    """Where a swap by renames was killed between them (no `directory`; its complete copies
+    beside it), put the complete one back under the name: the new copy marked ready, else the
+    old one. Returns the leftover put back (None: there was nothing to put back)."""
+    directory = Path(directory)
+    if directory.exists() or directory.is_symlink() or not directory.parent.is_dir():
+        return None
+    leftovers = sorted(directory.parent.glob(f"{_staging_prefix(directory)}*"))
+    for mark in (_READY, _OLD):
+        complete = [path for path in leftovers if path.name.endswith(mark)]
+        if complete:
+            complete[-1].rename(directory)
+            _sync_folder(directory.parent)
+            log.warning(
+                "%s was missing (a write of it was killed between two renames): put back %s",
+                directory,
+                complete[-1].name,
+            )
+            return complete[-1]
+    return None
+
+
+def _clear_leftovers(directory: Path) -> None:
+    """Put back a complete copy where the target is missing (`recover_folder`), then remove
+    what killed writes of `directory` left beside it."""
+    recover_folder(directory)
+    for leftover in directory.parent.glob(f"{_staging_prefix(directory)}*"):
+        log.info("removing %s, left by an interrupted write of %s", leftover, directory)
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def staged_folder(directory: str | os.PathLike) -> Iterator[Path]:
     """An empty folder beside `directory` (its mode the one a new folder gets under the
     umask) to write the new files into, then give to `replace_folder`; removed when the block
-    ends (holding the old files, after a swap). The staging folders of earlier writes of
-    `directory` that were killed are removed first."""
+    ends (holding the old files, after a swap). What earlier writes of `directory` that were
+    killed left is cleared first: a complete copy put back where `directory` is missing,
+    the rest removed."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"{directory} is a file; give a folder to write into")
     directory.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in directory.parent.glob(f"{_staging_prefix(directory)}*"):
-        log.info("removing %s, left by an interrupted write of %s", leftover, directory)
-        shutil.rmtree(leftover, ignore_errors=True)
+    _clear_leftovers(directory)
     while True:
         staging = directory.with_name(f"{_staging_prefix(directory)}{secrets.token_hex(4)}")
         try:
@@ -74,13 +153,67 @@ def replace_folder(staging: Path, directory: str | os.PathLike) -> bool:
     _sync_folder(staging, files=True)
     # after an exchange, `staging` holds the old files, which `staged_folder` removes
     if not (directory.exists() and _exchange(staging, directory)):
-        old = staging.with_name(f"{staging.name}-old")  # a leftover's name, should a kill come
-        if directory.exists():
-            directory.rename(old)
-        staging.rename(directory)
-        shutil.rmtree(old, ignore_errors=True)
+        _swap_by_renames(staging, directory)
     _sync_folder(directory.parent)
     return True
+
+
+def _swap_by_renames(staging: Path, directory: Path) -> None:
+    """`staging` (its files on disk) under the name `directory`, by renames that name each
+    leftover for what it holds, should a kill come between them (`recover_folder`)."""
+    ready = staging.rename(staging.with_name(f"{staging.name}{_READY}"))
+    _sync_folder(directory.parent)  # marked complete on disk before the old copy leaves the name
+    old = staging.with_name(f"{staging.name}{_OLD}")
+    if directory.exists():
+        directory.rename(old)
+    ready.rename(directory)
+    if old.exists():
+        shutil.rmtree(old.rename(old.with_name(f"{staging.name}{_GONE}")), ignore_errors=True)
+
+
+def _holds(
+    directory: Path,
+    files: Mapping[str, bytes],
+    tensors: Mapping[str, Mapping[str, torch.Tensor]],
+) -> bool:
+    """Whether `directory` holds `files`, byte for byte, and safetensors files of `tensors`,
+    bit for bit, read one tensor at a time."""
+    try:
+        if any((directory / name).read_bytes() != data for name, data in files.items()):
+            return False
+        return all(_holds_tensors(directory / name, named) for name, named in tensors.items())
+    except (OSError, SafetensorError):  # missing, unreadable, cut short
+        return False
+
+
+def _holds_tensors(path: Path, tensors: Mapping[str, torch.Tensor]) -> bool:
+    with safe_open(path, framework="pt") as stored:
+        if stored.metadata() != _METADATA or set(stored.keys()) != set(tensors):
+            return False
+        for name, tensor in tensors.items():
+            found = stored.get_tensor(name)
+            if found.dtype != tensor.dtype or found.shape != tensor.shape:
+                return False
+            if not torch.equal(_bits(found), _bits(tensor)):  # equal NaNs too
+                return False
+    return True
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _save_tensors(
+    save: Callable[..., None], tensors: Mapping[str, torch.Tensor], path: Path
+) -> None:
+    """`save` (`save_file`), whose failure to write (a full disk) is an OSError with its errno."""
+    try:
+        save(dict(tensors), path, metadata=_METADATA)
+    except SafetensorError as err:  # "... I/O error: No space left on device (os error 28)"
+        code = re.search(r"\(os error (\d+)\)", str(err))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from err
 
 
 def _holds_the_same(directory: Path, staging: Path) -> bool:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models.atomic_folder import replace_folder, staged_folder
+from models.atomic_folder import write_folder
 from models.bert import BertConfig, BertForPreTraining, BertModel
 from models.gpt import GPT, GPTConfig
 
@@ -57,7 +55,7 @@ class UnsupportedCheckpointError(ValueError):
 class SavesTokenizer(Protocol):
     """A `tokenizers.Tokenizer`-like object."""
 
-    def save(self, path: str) -> None: ...
+    def to_str(self, pretty: bool = False) -> str: ...
 
 
 # ----------------------------------------------------------------------------------------------
@@ -443,7 +441,7 @@ def export_hf(
     Args:
         model: our model, in any dtype (weights are written as they are).
         directory: created if needed; files of the same names are replaced, others kept.
-        tokenizer: a `tokenizers.Tokenizer` (anything with `.save(path)`); writes
+        tokenizer: a `tokenizers.Tokenizer` (anything with `.to_str(pretty)`); writes
             `tokenizer.json` and a `tokenizer_config.json` for `AutoTokenizer`.
         special_tokens: HF names to tokens, e.g. {"cls_token": "[CLS]", "eos_token": "</s>"};
             by default the usual BERT / GPT tokens found in the tokenizer's vocabulary.
@@ -463,7 +461,12 @@ def write_hf_export(
     special_tokens: Mapping[str, str] | None = None,
 ) -> bool:
     """`export_hf`, returning whether `directory` changed (False: it held this very export
-    already, which is then left untouched; a re-export of a finished run says which)."""
+    already, found without writing anything, and is left untouched; a re-export of a
+    finished run says which).
+
+    Raises:
+        OSError: the export could not be written (ENOSPC: a full disk); `directory` is as it was.
+    """
     if isinstance(model, GPT):
         hf_config, spec = llama_hf_config(model.config), _llama_spec(model.config)
     elif isinstance(model, BertForPreTraining | BertModel):
@@ -480,17 +483,11 @@ def write_hf_export(
             # Split views share storage, which safetensors refuses: store each as its own copy.
             tensors[name] = part.contiguous().clone()
     hf_config["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    with staged_folder(directory) as staging:
-        if tokenizer is not None:
-            tokens = _write_tokenizer(tokenizer, staging, special_tokens, model, hf_config)
-            log.info("wrote tokenizer with special tokens %s", tokens)
-        config = staging / "config.json"
-        config.write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-        weights = staging / "model.safetensors"
-        save_file(tensors, weights, metadata={"format": "pt"})
-        # safetensors creates its file private (0600); give it the mode of the export's others
-        os.chmod(weights, stat.S_IMODE(config.stat().st_mode))
-        return replace_folder(staging, directory)
+    files: dict[str, bytes] = {}
+    if tokenizer is not None:
+        files = _tokenizer_files(tokenizer, special_tokens, model, hf_config)
+    files["config.json"] = (json.dumps(hf_config, indent=2, sort_keys=True) + "\n").encode()
+    return write_folder(directory, files, {"model.safetensors": tensors}, save=save_file)
 
 
 _DEFAULT_SPECIAL_TOKENS = {
@@ -510,14 +507,14 @@ _DEFAULT_SPECIAL_TOKENS = {
 }
 
 
-def _write_tokenizer(
+def _tokenizer_files(
     tokenizer: SavesTokenizer,
-    directory: Path,
     special_tokens: Mapping[str, str] | None,
     model: nn.Module,
     hf_config: dict[str, Any],
-) -> dict[str, str]:
-    tokenizer.save(str(directory / "tokenizer.json"))
+) -> dict[str, bytes]:
+    """The tokenizer's files of an export (name -> bytes, as `Tokenizer.save` writes them);
+    sets the special tokens' ids in `hf_config`."""
     family = hf_config["model_type"]
     if special_tokens is None:
         vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
@@ -540,6 +537,9 @@ def _write_tokenizer(
     }
     if family == "bert":
         tokenizer_config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
-    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-    (directory / "special_tokens_map.json").write_text(json.dumps(dict(special_tokens), indent=2))
-    return dict(special_tokens)
+    log.info("export's tokenizer has special tokens %s", dict(special_tokens))
+    return {
+        "tokenizer.json": tokenizer.to_str(pretty=True).encode(),
+        "tokenizer_config.json": (json.dumps(tokenizer_config, indent=2) + "\n").encode(),
+        "special_tokens_map.json": json.dumps(dict(special_tokens), indent=2).encode(),
+    }

@@ -9,6 +9,7 @@ where everything is; `assemble` builds the LightningModule, datamodule and Train
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import logging
 import math
@@ -23,9 +24,9 @@ from tokenizers import Tokenizer
 
 from datamodules.objective import trained_seq_len
 from datamodules.pretrain import PretrainDataModule
-from models.hf import export_hf, write_hf_export
+from models.hf import write_hf_export
 from pipeline.checkpoint.interrupt import GracefulStop, signals_abort
-from pipeline.checkpoint.load import load_pretrained
+from pipeline.checkpoint.load import Pretrained, load_pretrained
 from pipeline.checkpoint.saving import (
     AtomicCheckpointIO,
     CheckpointExtras,
@@ -34,6 +35,7 @@ from pipeline.checkpoint.saving import (
     checkpoint_callbacks,
 )
 from pipeline.checkpoint.source import CheckpointSource, resolve_resume
+from pipeline.checkpoint.space import file_system
 from pipeline.finetune.settings import task_from
 from pipeline.pretrain.blimp_probe import BlimpProbe
 from pipeline.pretrain.budget import RunLength, TimeBudget
@@ -42,10 +44,11 @@ from pipeline.pretrain.corpus_init import CorpusInit
 from pipeline.pretrain.modules import PretrainModule
 from pipeline.pretrain.passes import ManyPassesWarning
 from pipeline.pretrain.probe import Probe, StepProbe
-from pipeline.run.errors import ConfigError
+from pipeline.run.cli import make_command
+from pipeline.run.errors import ConfigError, DiskFullError
 from pipeline.run.families import family_named
 from pipeline.run.folder import HF_DIR, LOG_DIR, attempt_record, first_process
-from pipeline.run.launcher import launcher_rank
+from pipeline.run.launcher import command_overrides, launcher_rank, relaunch_command
 from pipeline.training.callbacks import SourceProgress, Throughput, ValidateLastStep
 from pipeline.training.loggers import (
     build_loggers,
@@ -265,6 +268,7 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         check_compatible(resumed.contents, model_config, tokenizer, cfg.optim._target_)
         ended = ended_by(resumed, plan.length)
         if ended is not None:  # a finished run given resume= again
+            refuse_another_runs_end(resumed, ended, run_dir)
             report_ended(resumed, ended, run_dir, plan.family)
             return
     module, datamodule, trainer = assemble(cfg, plan, tokenizer, run_dir, resumed=resumed)
@@ -294,8 +298,9 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         # the run trained no step.
         export_dir = None
         if family_named(plan.family).hf_auto_class is not None:  # a family with an HF mapping
-            final = load_pretrained(trainer.checkpoint_callback.last_model_path or resume_from)
-            export_dir = export_hf(final.model, run_dir / HF_DIR, tokenizer=tokenizer)
+            last = Path(trainer.checkpoint_callback.last_model_path or resume_from)
+            export_dir = run_dir / HF_DIR
+            write_export(load_pretrained(last), export_dir, last, trainer.global_step)
         tracking = log_run_end(trainer.loggers, hf_export=str(export_dir))
         print_summary(trainer, run_dir, export_dir, plan.family, tracking)
 
@@ -313,6 +318,56 @@ def ended_by(resumed: CheckpointSource, length: RunLength) -> str | None:
     return None
 
 
+def refuse_another_runs_end(resumed: CheckpointSource, ended: str, run_dir: Path) -> None:
+    """Refuse `resume=` of another run's checkpoint that is at its run's end (`ended`, from
+    `ended_by`) into `run_dir`: only a checkpoint in `run_dir` is this run's, which has then
+    finished; the other is refused with the command that trains it further.
+
+    Raises:
+        ConfigError: the checkpoint is not in `run_dir`.
+    """
+    if resumed.path.resolve().is_relative_to(run_dir.resolve()):
+        return
+    step = int(resumed.contents.get("global_step", 0))
+    further = [f"trainer.max_steps={2 * step}"]
+    fix = "give a larger trainer.max_steps"
+    if not ended.startswith("trainer.max_steps"):  # a time budget's end
+        further.insert(0, "trainer.budget=null")
+        fix = "resume it without a budget and with a larger trainer.max_steps"
+    keys = {override.split("=")[0] for override in further}
+    overrides = [o for o in command_overrides() if o.split("=")[0].lstrip("+~") not in keys]
+    overrides += further
+    command = make_command("pretrain", overrides)
+    command = relaunch_command(command, "pipeline.commands.pretrain", overrides)
+    raise ConfigError(
+        f"resume={resumed.argument} is at step {step}, already at {ended}: there is nothing "
+        f"to train into {run_dir}. To train it further, {fix}: {command}"
+    )
+
+
+def write_export(
+    final: Pretrained, export: Path, checkpoint: Path, step: int, why: str = ""
+) -> bool:
+    """Write the HF export of `final` (loaded from `checkpoint`, at `step`) to `export` unless
+    it holds it already (`write_hf_export`: whether it wrote); `why`: words on why it is
+    written, for the error.
+
+    Raises:
+        DiskFullError: no space (or quota) left for it; `export` and the checkpoint are as
+            they were.
+    """
+    try:
+        return write_hf_export(final.model, export, tokenizer=final.tokenizer)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        reason = "the disk quota is used up" if err.errno == errno.EDQUOT else "no space left"
+        raise DiskFullError(
+            f"{reason} on {file_system(export.parent)} to write the Hugging Face export {export}"
+            f"{why}; the checkpoint {checkpoint} (step {step}) is intact. Free space on that disk"
+        ) from err
+
+
 def report_ended(resumed: CheckpointSource, ended: str, run_dir: Path, family: str) -> None:
     """A finished run given `resume=` again: nothing is trained or overwritten; its HF export
     is written again when it does not hold the checkpoint's model (missing, or cut short by a
@@ -323,13 +378,15 @@ def report_ended(resumed: CheckpointSource, ended: str, run_dir: Path, family: s
     places = f"checkpoint {resumed.path}"
     if family_named(family).hf_auto_class is not None:  # a family with an HF mapping
         export = run_dir / HF_DIR
-        missing = not export.is_dir()
+        was = (
+            "was missing"
+            if not export.is_dir()
+            else "did not match it, cut short or of an earlier step"
+        )
         final = load_pretrained(resumed)
         places += f", HF export {export}"
-        if write_hf_export(final.model, export, tokenizer=final.tokenizer):
-            was = (
-                "was missing" if missing else "did not match it (cut short, or of an earlier step)"
-            )
+        why = f" again from the checkpoint (it {was})"
+        if write_export(final, export, resumed.path, step, why):
             places += f" (written again from the checkpoint: it {was})"
     further = ""
     if ended.startswith("trainer.max_steps"):

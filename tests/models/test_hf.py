@@ -13,7 +13,14 @@ from safetensors.torch import load_file, save_file
 
 from models.bert import BertForPreTraining, BertModel
 from models.gpt import GPT
-from models.hf import UnsupportedCheckpointError, export_hf, load_hf, load_hf_bert, load_hf_gpt
+from models.hf import (
+    UnsupportedCheckpointError,
+    export_hf,
+    load_hf,
+    load_hf_bert,
+    load_hf_gpt,
+    write_hf_export,
+)
 from tests.models.oracles import hf_bert, hf_llama, padded_batch, transformers
 
 V = 1000
@@ -244,3 +251,56 @@ def test_an_export_replaces_the_folder_whole_and_keeps_what_it_does_not_write(
         assert all(torch.equal(reloaded[k], v) for k, v in second.state_dict().items())
     finally:
         os.umask(previous_umask)
+
+
+class Killed(BaseException):
+    """A kill at this point: nothing after it runs (no `except Exception`, no cleanup)."""
+
+
+def test_a_kill_between_the_two_renames_loses_neither_export(tmp_path, monkeypatch):
+    """Where the file system refuses the atomic exchange (NFS), the export is swapped in with
+    two renames; a kill between them leaves no hf/, the old export and the complete new one
+    beside it. The next export (or check) puts the complete one back before it removes
+    anything, a file the user put in hf/ included; a leftover of the old two names (no
+    mark of a complete new copy) gets the old export back."""
+    monkeypatch.setattr("models.atomic_folder._exchange", lambda first, second: False)
+    tok = _wordpiece_tokenizer()
+    folder = tmp_path / "hf"
+    first, second, third = (
+        load_hf_bert(hf_bert("tiny", vocab_size=tok.get_vocab_size(), seed=seed))
+        for seed in (1, 2, 3)
+    )
+    export_hf(first, folder, tokenizer=tok)
+    (folder / "README.md").write_text("notes of mine")
+    readme = _files(folder)["README.md"]
+    rename = Path.rename
+
+    def killed_putting_it_in_place(self, target):
+        if Path(target) == folder:
+            raise Killed
+        return rename(self, target)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "rename", killed_putting_it_in_place)
+        with pytest.raises(Killed):
+            export_hf(second, folder, tokenizer=tok)
+    assert not folder.exists()
+    assert len(list(tmp_path.glob(".hf.staged-*"))) >= 1
+
+    # the same model again: the complete copy is put back, and found to hold it already
+    assert write_hf_export(second, folder, tokenizer=tok) is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    assert _files(folder)["README.md"] == readme
+    reloaded = load_hf_bert(folder).state_dict()
+    assert all(torch.equal(reloaded[k], v) for k, v in second.state_dict().items())
+
+    # what a kill between the two renames of an earlier version left: the old export at
+    # `-old`, beside a staging folder that is not known to be complete
+    folder.rename(tmp_path / ".hf.staged-0badf00d-old")
+    (tmp_path / ".hf.staged-0badf00d").mkdir()
+    (tmp_path / ".hf.staged-0badf00d" / "config.json").write_text("{")
+    assert write_hf_export(third, folder, tokenizer=tok) is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    assert _files(folder)["README.md"] == readme
+    reloaded = load_hf_bert(folder).state_dict()
+    assert all(torch.equal(reloaded[k], v) for k, v in third.state_dict().items())

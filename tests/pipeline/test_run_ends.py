@@ -5,6 +5,7 @@ second Ctrl-C, a full disk; and the partial files a killed checkpoint save leave
 from __future__ import annotations
 
 import errno
+import shlex
 import shutil
 import signal
 import subprocess
@@ -12,14 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from models.hf import export_hf
 from pipeline.checkpoint.load import load_pretrained
 from pipeline.checkpoint.source import CheckpointSource, resolve_resume
 from pipeline.checkpoint.space import disk_full_error
 from pipeline.pretrain.budget import RunLength
-from pipeline.pretrain.run import ended_by
-from pipeline.run.errors import DiskFullError
+from pipeline.pretrain.run import ended_by, refuse_another_runs_end, report_ended
+from pipeline.run.errors import ConfigError, DiskFullError
 from tests.conftest import CLI_ENV, REPO, run_pretrain
 
 GPT_RUN = ("model=gpt-tiny", "debug=smoke", "logger=csv", "checkpoint.every_n_steps=5")
@@ -245,3 +247,99 @@ def test_a_failed_save_is_told_a_full_disk_only_when_it_was_one(tmp_path):
     quota = disk_full_error(path, checkpoint, OSError(errno.EDQUOT, "quota"), free=10**9)
     assert str(quota).startswith("the disk quota is used up on /")
     assert "its newest complete checkpoint, step0000005.ckpt (step 5), is intact" in str(quota)
+
+
+def test_a_finished_run_whose_export_holds_its_model_stages_no_copy(
+    finished_run, monkeypatch, capsys
+):
+    """Whether hf/ holds the checkpoint's model is read from hf/ itself (its small files'
+    bytes, its tensors one at a time): nothing model-sized is written to find out."""
+    run_dir = copy_of_finished(finished_run, "checked")
+    before = files_of(run_dir)
+    staged = []
+    mkdir = Path.mkdir
+
+    def spy(self, *args, **kwargs):
+        if self.name.startswith(".hf.staged-"):
+            staged.append(self)
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", spy)
+    resumed = resolve_resume("auto", run_dir)
+    report_ended(resumed, ended_by(resumed, RunLength(FINISHED_AT)), run_dir, "gpt")
+    assert staged == []
+    assert files_of(run_dir) == before
+    said = capsys.readouterr().out
+    assert f"has finished: step {FINISHED_AT} " in said and "written again" not in said
+
+
+def test_a_finished_run_whose_export_cannot_be_rewritten_for_want_of_space_says_so(
+    finished_run, monkeypatch
+):
+    """A stale hf/ on a full disk: one error (the command prints it as one line, with the
+    resume command, exit status 1), hf/ and the checkpoint as they were, nothing left beside."""
+    run_dir = copy_of_finished(finished_run, "stale")
+    config = run_dir / "hf" / "config.json"
+    config.write_text(config.read_text() + " ")  # not the checkpoint's export any more
+    before = files_of(run_dir)
+
+    def full(tensors, filename, metadata=None):  # what safetensors raises on a full disk
+        Path(filename).write_bytes(b"\0" * 100)
+        raise SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    monkeypatch.setattr("models.hf.save_file", full)
+    resumed = resolve_resume("auto", run_dir)
+    with pytest.raises(DiskFullError) as raised:
+        report_ended(resumed, ended_by(resumed, RunLength(FINISHED_AT)), run_dir, "gpt")
+    said = str(raised.value)
+    assert said.startswith("no space left on /")
+    assert (
+        f"to write the Hugging Face export {run_dir}/hf again from the checkpoint (it did not match it"
+        in said
+    )
+    assert f"the checkpoint {run_dir}/checkpoints/step0000003.ckpt (step 3) is intact" in said
+    assert "\n" not in said
+    assert files_of(run_dir) == before
+    assert not list(run_dir.glob(".hf.staged-*"))
+
+
+def test_the_end_of_another_run_is_refused_with_the_command_that_trains_it_further(tmp_path):
+    own = tmp_path / "own"
+    checkpoint = own / "checkpoints" / "step0000003.ckpt"
+    resumed = CheckpointSource(checkpoint, {"global_step": 3}, str(checkpoint))
+    refuse_another_runs_end(resumed, "trainer.max_steps=3", own)  # its own run: finished
+    refuse_another_runs_end(resumed, "trainer.max_steps=3", tmp_path / "." / "own")
+    with pytest.raises(ConfigError) as refused:
+        refuse_another_runs_end(resumed, "trainer.max_steps=3", tmp_path / "new")
+    said = str(refused.value)
+    assert said.startswith(f"resume={checkpoint} is at step 3, already at trainer.max_steps=3")
+    assert f"nothing to train into {tmp_path / 'new'}" in said
+    assert said.endswith("make pretrain trainer.max_steps=6")
+
+
+def test_resume_of_another_finished_run_is_refused_and_the_fix_pastes(finished_run):
+    done = finished_run / "out/gpt-tiny/done"
+    before = files_of(done)
+    given = done / "checkpoints" / "step0000003.ckpt"
+    run = (*GPT_RUN, f"trainer.max_steps={FINISHED_AT}", "run_name=onward", f"resume={given}")
+    refused = run_pretrain(finished_run, *run)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr and "has finished" not in refused.stdout
+    [said] = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert said.startswith(f"error: resume={given} is at step 3, already at trainer.max_steps=3")
+    assert not (finished_run / "out/gpt-tiny/onward").exists()
+    assert files_of(done) == before
+
+    command = said.split("give a larger trainer.max_steps: ")[1]
+    assert command.startswith("make pretrain ") and command.endswith(" trainer.max_steps=6")
+    assert shlex.split(command).count("trainer.max_steps=6") == 1
+    further = subprocess.run(
+        command, shell=True, cwd=REPO, capture_output=True, text=True, timeout=600, env=CLI_ENV
+    )
+    assert further.returncode == 0, further.stderr[-3000:]
+    assert "finished 6 steps" in further.stdout
+    assert files_of(done) == before
+    trained = finished_run / "out/gpt-tiny/onward/checkpoints/last.ckpt"
+    assert torch.load(trained, weights_only=True)["global_step"] == 6
