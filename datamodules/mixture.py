@@ -90,10 +90,11 @@ class MixtureCorpus:
                 f"{'; ' if missing and unknown else ''}"
                 f"{'unknown ' + ', '.join(unknown) if unknown else ''}; replace the whole "
                 "mapping (Hydra refuses a key that is not in it), e.g. "
-                + f"{key}=null '{key}"
+                + f"ARGS=\"{key}=null '{key}"
                 + "={"
                 + ", ".join(f"{n}: {given.get(n, 1)}" for n in self.sources)
-                + "}'"
+                # make keeps only the last of two assignments of one variable: in ARGS both stay
+                + "}'\" (after make; after python -m, the two words alone)"
             )
         for name, value in given.items():
             if not (isinstance(value, int | float) and np.isfinite(value) and value > 0):

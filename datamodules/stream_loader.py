@@ -50,7 +50,6 @@ _SETTINGS_MEANING = {
     "block_bytes": "bytes per block: datamodule.shuffle_buffer_mb, at least 8 steps of text",
     "held_out": "validation documents: datamodule.val_fraction of the first file",
     "units": "files (Parquet row groups) x the ways each is shared",
-    "corpus": "the corpus's fingerprint: its files and their content",
 }
 
 
@@ -285,7 +284,8 @@ class StreamedData:
         return record_step[1]
 
     def settings_key(self) -> dict[str, Any]:
-        """What must match for a resumed stream to go on exactly."""
+        """What must match for a resumed stream to go on exactly, besides the text (the corpus
+        fingerprint, saved beside them and compared by `text_changed`)."""
         dataset = self.dataset
         return {
             "seed": self.seed,
@@ -297,7 +297,6 @@ class StreamedData:
             "block_bytes": dataset.block_bytes,
             "held_out": dataset.held_out,
             "units": len(dataset.units),
-            "corpus": self.corpus_key,
         }
 
     def state_dict(self, steps: int) -> dict[str, Any]:
@@ -307,7 +306,12 @@ class StreamedData:
             gathered: list[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(gathered, mine)
             mine = {r: s for part in gathered for r, s in part.items()}
-        return {**self.settings_key(), "step": steps, "readers_state": mine}
+        return {
+            **self.settings_key(),
+            "corpus": self.corpus_key,
+            "step": steps,
+            "readers_state": mine,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume the stream from `state_dict()`: now when set up, and at every later `setup`

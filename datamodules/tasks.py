@@ -23,7 +23,7 @@ import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -330,20 +330,50 @@ def _plain(value: Any) -> Any:
 def label_text(value: object) -> str:
     """Class names are strings; JSON numbers/booleans and YAML numbers map to their text, and
     equal numbers to one spelling (`1`, `1.0`, `+1` and `1e0` are `1`; `0.50` is `0.5`), so
-    that a column that spells a class two ways still holds one class."""
+    that a column that spells a class two ways still holds one class. Every digit counts; a
+    number whose written-out form would pad more than `LABEL_ZEROS` zeros is spelled with an
+    exponent (`1e5000` and `10e4999` are `1e+5000`), not written out."""
     if isinstance(value, bool):
         return str(value).lower()
     text = str(value).strip()
     number = label_number(text)
-    if number is None:
-        return text
-    return str(int(number)) if number == number.to_integral_value() else f"{number.normalize():f}"
+    return text if number is None else number_text(number)
+
+
+# The most zeros a label's number is written out with (`1e100`); beyond, it keeps an exponent.
+LABEL_ZEROS = 100
+
+
+def number_text(number: Decimal) -> str:
+    """One spelling per value, exact (no context rounding), from the digits alone: never a
+    string of millions of zeros, nor Python's int-to-text digit limit (`1e5000`)."""
+    sign, digits, exponent = number.as_tuple()
+    shown = "".join(map(str, digits)).rstrip("0")
+    if not shown:
+        return "0"
+    exponent += len(digits) - len(shown)  # int: label_number reads finite numbers only
+    minus = "-" if sign else ""
+    point = len(shown) + exponent  # where the point goes in `shown`
+    if 0 <= exponent <= LABEL_ZEROS:
+        return minus + shown + "0" * exponent
+    if 0 < point < len(shown):
+        return f"{minus}{shown[:point]}.{shown[point:]}"
+    if exponent < 0 and -point <= LABEL_ZEROS:
+        return f"{minus}0.{'0' * -point}{shown}"
+    fraction = f".{shown[1:]}" if len(shown) > 1 else ""
+    return f"{minus}{shown[0]}{fraction}e{point - 1:+d}"
 
 
 def label_number(label: str) -> Decimal | None:
     """The number a label spells (digits, a sign, a point, an exponent), else None: words,
-    and `nan` or `inf`, are class names."""
-    return Decimal(label) if _NUMBER.fullmatch(label) else None
+    `nan` or `inf`, and an exponent too large for a Decimal (`1e99999999999999999999`), are
+    class names."""
+    if not _NUMBER.fullmatch(label):
+        return None
+    try:
+        return Decimal(label)
+    except InvalidOperation:
+        return None
 
 
 def is_column_name(column: object) -> bool:

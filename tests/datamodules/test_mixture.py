@@ -370,17 +370,43 @@ def test_a_missing_source_path_names_the_sources_own_key(tmp_path):
     assert check_config(compose_pretrain(*command, found)).corpus.sources["beta"].files
 
 
-def test_weights_that_miss_or_add_a_source_hint_the_whole_mapping_which_composes(tmp_path):
+def test_weights_that_miss_or_add_a_source_hint_the_whole_mapping_which_works_after_make(
+    tmp_path,
+):
     """The mapping a user's own config gives, with a source missing and a stray name: the hint
     replaces it whole (Hydra refuses a key new to it, even inside a whole mapping, unless the
-    mapping is nulled first) and then composes."""
-    command = ("model=gpt-tiny", *write_two_source_mixture(tmp_path), "~data.weights.beta")
-    with pytest.raises(ConfigError, match="missing beta") as refused:
-        check_config(compose_pretrain(*command, "+data.weights.gamma=2"))
-    fix = str(refused.value).split("e.g. ")[1]
-    assert fix == "data.weights=null 'data.weights={alpha: 0.7, beta: 1}'"
-    plan = check_config(compose_pretrain(*command, "+data.weights.gamma=2", *shlex.split(fix)))
+    mapping is nulled first), in ARGS: make keeps only the last of two assignments of one
+    variable, so `data.weights=null 'data.weights={...}'` as two make variables loses the null.
+    Pasted after `make`, it runs; its two words alone compose after `python -m`."""
+    mixture = write_two_source_mixture(tmp_path, weights="{alpha: 0.7, gamma: 2}")
+    with pytest.raises(ConfigError, match="missing beta; unknown gamma") as refused:
+        check_config(compose_pretrain("model=gpt-tiny", *mixture))
+    [args] = re.findall(r'ARGS="[^"]*"', str(refused.value))
+    assert args == "ARGS=\"data.weights=null 'data.weights={alpha: 0.7, beta: 1}'\""
+    assert "(after make; after python -m, the two words alone)" in str(refused.value)
+    [assignment] = shlex.split(args)  # what the shell hands make: ARGS=<the two words>
+    words = shlex.split(assignment.partition("=")[2])
+    plan = check_config(compose_pretrain("model=gpt-tiny", *mixture, *words))
     assert plan.corpus.amounts == {"alpha": 0.7, "beta": 1.0}
+    made = run_make("tokenizer", *cache_command(tmp_path, *mixture)[3:], *shlex.split(args))
+    assert made.returncode == 0, made.stderr[-3000:]
+    [corpus] = [line for line in made.stdout.splitlines() if line.startswith("corpus ")]
+    assert "mixture of alpha (weight 0.7: 1 text file(s)" in corpus and "beta" in corpus
+
+
+def run_make(target: str, *words: str) -> subprocess.CompletedProcess:
+    """`make -s <target> <words>` as a user's shell runs it (ALLOCATOR=system: tcmalloc may be
+    missing), outside any make this test runs under."""
+    inherited = ("ALLOCATOR", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    env = {k: v for k, v in os.environ.items() if k not in inherited}
+    return subprocess.run(
+        ["make", "-s", target, "ALLOCATOR=system", *words],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def cache_command(tmp_path, *overrides: str) -> list[str]:
@@ -425,16 +451,7 @@ def test_leaving_a_source_out_as_the_error_says_works_after_make(tmp_path):
     [args] = re.findall(r'ARGS="[^"]*"', str(refused.value))
     assert args == 'ARGS="~data.sources.beta ~data.weights.beta"'
     settings = [*cache_command(tmp_path, *mixture)[3:], "data.weights.beta=0"]
-    inherited = ("ALLOCATOR", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
-    env = {k: v for k, v in os.environ.items() if k not in inherited}
-    made = subprocess.run(
-        ["make", "-s", "tokenizer", "ALLOCATOR=system", *settings, *shlex.split(args)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    made = run_make("tokenizer", *settings, *shlex.split(args))
     assert made.returncode == 0, made.stderr[-3000:]
     [corpus] = [line for line in made.stdout.splitlines() if line.startswith("corpus ")]
     assert "mixture of alpha (weight 0.7: 1 text file(s)" in corpus and "beta" not in corpus

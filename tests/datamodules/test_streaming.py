@@ -15,6 +15,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from datamodules import stream_loader
 from datamodules.batches import DataSetupError
 from datamodules.corpus import CorpusError, ParquetCorpus, TextFilesCorpus
 from datamodules.objective import CausalLMObjective, MaskedLMObjective
@@ -187,6 +188,26 @@ def test_resume_refuses_other_workers_and_a_store_checkpoint(make_dm):
     stored = make_dm("gpt", streaming=False)
     with pytest.raises(DataSetupError, match="datamodule.streaming=true"):
         stored.load_state_dict(state)
+
+
+def test_the_streams_text_is_compared_in_one_place(make_dm, monkeypatch):
+    """The position saves the corpus fingerprint, and a resume on other text is refused by
+    `text_changed` (the store path's message), which alone judges the text: the settings
+    compared beside it do not hold the fingerprint a second time."""
+    first = make_dm("gpt", 0)
+    take(first, 3)
+    state = first.state_dict()
+    assert state["streaming"]["corpus"] == first.stream.corpus_key
+    assert "corpus" not in first.stream.settings_key()
+    state["streaming"]["corpus"] = "0" * 16
+    edited = make_dm("gpt", 0)
+    edited.load_state_dict(state)
+    with pytest.raises(DataSetupError, match=r"^cannot resume the data position: the corpus"):
+        edited.setup("fit")
+    monkeypatch.setattr(stream_loader, "text_changed", lambda saved, now, corpus: None)
+    judged_same = make_dm("gpt", 0)
+    judged_same.load_state_dict(state)
+    judged_same.setup("fit")  # no second comparison of the corpus refuses it
 
 
 def test_a_corpus_too_small_to_hold_out_validation_is_refused(make_dm, tmp_path):

@@ -18,6 +18,7 @@ from datamodules.tasks import (
     TaskSpec,
     build_label_map,
     collect_labels,
+    label_text,
     load_labels,
     save_labels,
 )
@@ -204,6 +205,31 @@ def test_equal_numbers_are_one_label_whatever_their_spelling(tmp_path):
     assert listed.labels == ["0", "1"] and len(read_examples(listed, "train")) == 2
     old = read_examples(listed, "train", labels=["0.0", "1.0"])  # a model's saved labels
     assert [e.label for e in old] == ["1", "0"]
+
+
+def test_numbers_too_long_to_write_out_are_one_label_each_not_a_traceback(tmp_path):
+    """`1e5000` written out has more digits than Python turns into text (ValueError): a number
+    whose written-out form would be long is spelled with an exponent, one spelling per value;
+    an exponent too large for a number at all leaves the label a word. Every digit counts
+    (no rounding to 28 digits), and a spelling reads back as itself (saved label maps)."""
+    spelled = {
+        "1e5000": "1e+5000",
+        "10E4999": "1e+5000",
+        "-2.50e-5000": "-2.5e-5000",
+        "1e999999999999999999": "1e+999999999999999999",
+        "1e9999999999999999999999999": "1e9999999999999999999999999",  # a word
+        "1e100": "1" + "0" * 100,
+        "1e-99": "0." + "0" * 98 + "1",
+        "1.0000000000000000000000000000000001": "1.0000000000000000000000000000000001",
+        "-0.0": "0",
+        "12.50e1": "125",
+    }
+    assert {value: label_text(value) for value in spelled} == spelled
+    assert all(label_text(label) == label for label in spelled.values())
+    spec = labelled_csv(tmp_path, ["1e5000", "0", "10e4999", "1", "1e-5000"])
+    examples = read_examples(spec, "train")
+    assert [e.label for e in examples] == ["1e+5000", "0", "1e+5000", "1", "1e-5000"]
+    assert build_label_map(spec, examples).labels == ("0", "1e-5000", "1", "1e+5000")
 
 
 def test_labels_mixing_numbers_and_words_are_refused_with_counts_and_fixes(tmp_path):
