@@ -40,7 +40,7 @@ TCMALLOC_PRELOAD = $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC) TCMALLOC_LARGE_ALLOC_
 RUN     = LMPIPE_FROM_MAKE=1 $(PRELOAD) exec $(PY) -m
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock docs docs-serve pretrain generate evaluate-lm fill-mask finetune glue evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-recipes bench-gpu bench-memory lint format clean lm-eval lm-eval-setup
+.PHONY: help setup lock docs docs-serve pretrain generate evaluate-lm fill-mask finetune glue evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-recipes bench-gpu bench-memory bench-blimp lint format clean lm-eval lm-eval-setup
 
 help:  ## List the targets
 	@echo "usage: make <target> [hydra overrides...]   e.g. make pretrain model=gpt trainer.max_steps=50"
@@ -131,6 +131,9 @@ bench-gpu: $(STAMP)  ## GPU only: bf16 BERT-base / GPT-124M tokens/s, MFU, memor
 
 bench-memory: $(STAMP)  ## Peak RSS of data preparation and training, ours vs transformers (QUICK=1: short)
 	$(PRELOAD) $(PY) bench/bench_memory.py $(if $(QUICK),--quick) --out outputs/bench/memory.json
+
+bench-blimp: $(STAMP)  ## BERT BLiMP scoring (PLL): our scorer vs the one it replaced, same answers (QUICK=1: short)
+	$(PRELOAD) $(PY) bench/bench_blimp.py $(if $(QUICK),--quick) --out outputs/bench/blimp.json $(ARGS)
 
 lint: $(STAMP)  ## Check style and common bugs with ruff
 	$(PY) -m ruff check .

@@ -85,9 +85,28 @@ class BertLayer(nn.Module):
         self.ff_norm = nn.LayerNorm(D, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x_BTD: torch.Tensor, mask_B11T: torch.Tensor | None) -> torch.Tensor:
-        """(B, T, D) -> (B, T, D); `mask_B11T` True where a key is a real token."""
-        q_BTD, k_BTD, v_BTD = self.qkv(x_BTD).chunk(3, dim=-1)
+    def forward(
+        self,
+        x_BTD: torch.Tensor,
+        mask_B11T: torch.Tensor | None,
+        at_B: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D); `mask_B11T` True where a key is a real token.
+
+        With `at_B` (B,) the block's output at column `at_B[b]` of each row only, (B, 1, D):
+        the keys and values still read every token, but the query, the output projection and
+        the feed-forward run on one position instead of T (the last block of a model read at
+        one position per row).
+        """
+        if at_B is None:
+            q_BTD, k_BTD, v_BTD = self.qkv(x_BTD).chunk(3, dim=-1)
+        else:
+            rows_B = torch.arange(len(at_B), device=at_B.device)
+            x_BTD, keys_BTD = x_BTD[rows_B, at_B][:, None], x_BTD  # T = 1 for the queries
+            D = x_BTD.shape[-1]
+            weight, bias = self.qkv.weight, self.qkv.bias  # rows: query, key, value
+            q_BTD = F.linear(x_BTD, weight[:D], bias[:D])
+            k_BTD, v_BTD = F.linear(keys_BTD, weight[D:], bias[D:]).chunk(2, dim=-1)
         y_BHTE = attention(
             split_heads(q_BTD, self.n_heads),
             split_heads(k_BTD, self.n_heads),
@@ -149,12 +168,27 @@ class BertModel(nn.Module):
         Returns:
             `BertModelOutput`.
         """
-        mask_B11T = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        x_BTD = self.embeddings(input_ids, token_type_ids, position_ids)
-        for layer in self.layers:
-            x_BTD = layer(x_BTD, mask_B11T)
+        x_BTD = self.encode(input_ids, attention_mask, token_type_ids, position_ids)
         pooled_BD = torch.tanh(self.pooler(x_BTD[:, 0]))
         return BertModelOutput(hidden_states=x_BTD, pooled=pooled_BD)
+
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        last_at: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The last layer's states, (B, T, D); with `last_at` (B,), only those at column
+        `last_at[b]` of each row, (B, 1, D), the last block run for that column alone
+        (`BertLayer.forward`'s `at_B`). Arguments as `forward`."""
+        mask_B11T = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        x_BTD = self.embeddings(input_ids, token_type_ids, position_ids)
+        *layers, last = self.layers
+        for layer in layers:
+            x_BTD = layer(x_BTD, mask_B11T)
+        return last(x_BTD, mask_B11T, last_at)
 
     # The backbone interface every family's backbone has (`models.heads.Backbone`), which task
     # heads, probes and corpus-initialised embeddings use instead of asking which family it is.
@@ -247,6 +281,25 @@ class BertForPreTraining(nn.Module):
         """MLM scores for hidden states of any leading shape: (..., D) -> (..., V)."""
         h_XD = self.mlm_norm(F.gelu(self.mlm_dense(h_XD)))
         return F.linear(h_XD, self.bert.embeddings.word.weight, self.mlm_bias)
+
+    def mlm_logits_at(
+        self,
+        input_ids: torch.Tensor,
+        at_B: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """MLM scores at one column of each row: (B, T) ids, (B,) columns -> (B, V).
+
+        What pseudo-log-likelihood scoring reads (a masked copy per token, each scored at its
+        mask only), at a fraction of `forward`'s cost: the last block runs its query, output
+        projection and feed-forward for that column alone, and no NSP head runs; for a 2-layer
+        model that is about half the work. Equal to `forward(...).mlm_logits` at those columns
+        up to fp32 rounding. Other arguments as `forward`.
+        """
+        h_B1D = self.bert.encode(input_ids, attention_mask, token_type_ids, last_at=at_B)
+        return self.mlm_head(h_B1D[:, 0])
 
     def forward(
         self,

@@ -20,13 +20,22 @@ CPU (docs/results/blimp.md, "On a GPU").
 
 Sentences are batched: a causal model reads `batch_size` sentences at a time (padded on the
 right, which a causal model never looks at); a masked model reads `batch_size` masked copies at
-a time, the copies of many sentences side by side, each scoring one token.
+a time, each scoring one token, the copies of sentences of one length side by side (no padding,
+no attention mask). A copy is read at its mask only, so the model's last block runs its query,
+feed-forward and output layer at that one token (`mlm_logits_at`): the rest of the last block's
+work would be thrown away. Nothing else can be shared between the copies of a sentence: from the
+first block's attention on, every position sees the mask. The scores are those of a whole
+forward pass per copy up to fp32 rounding (tests/pipeline/test_sentence_scoring.py). Sentences of
+the same tokens are scored once, so that they get the same score to the last bit: a pair whose
+two sentences are the same (BLiMP has a few) ties, whatever batches they would have fallen in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer
@@ -90,8 +99,10 @@ class SentenceScorer:
             [start, *e.ids]
             for e in tokenizer.encode_batch(list(sentences), add_special_tokens=False)
         ]
+        kept, same_as = _distinct(encoded)
+        encoded = [encoded[i] for i in kept]
         limit = self.pretrained.model.config.max_seq_len
-        _check_length(max(len(ids) - 1 for ids in encoded), limit)
+        _check_length(max((len(ids) - 1 for ids in encoded), default=0), limit)
         scores = torch.zeros(len(encoded), dtype=torch.float64)
         for rows in self._batches(_by_length(encoded), "sentences"):
             width = max(len(encoded[r]) for r in rows) - 1
@@ -102,11 +113,11 @@ class SentenceScorer:
                 ids = torch.tensor(encoded[r])
                 inputs[row, : len(ids) - 1], targets[row, : len(ids) - 1] = ids[:-1], ids[1:]
                 counted[row, : len(ids) - 1] = True
-            logits = self._run(inputs).logits.float()
+            logits = self._run(self.pretrained.model, inputs).logits.float()
             token_logp = logits.log_softmax(-1).gather(-1, targets.to(logits.device)[..., None])
             sums = (token_logp[..., 0] * counted.to(logits.device)).sum(-1).double().cpu()
             scores[torch.tensor(rows)] = sums
-        return scores.tolist()
+        return scores[same_as].tolist()
 
     def _pseudo(self, sentences: Sequence[str]) -> list[float]:
         tokenizer, model = _whole(self.pretrained.tokenizer), self.pretrained.model
@@ -117,37 +128,27 @@ class SentenceScorer:
                 f"scoring sentences needs a {family.model_class.__name__} (a run's checkpoint "
                 "or its hf/ export)"
             )
-        mask = special_ids(tokenizer).mask
         encodings = tokenizer.encode_batch(list(sentences))
-        _check_length(max(len(e.ids) for e in encodings), model.config.max_seq_len)
-        copies = list(_masked_copies(encodings, mask, word_l2r=self.pll == "word_l2r"))
+        kept, same_as = _distinct([e.ids for e in encodings])
+        encodings = [encodings[i] for i in kept]
+        _check_length(max((len(e.ids) for e in encodings), default=0), model.config.max_seq_len)
         scores = torch.zeros(len(encodings), dtype=torch.float64)
-        order = _by_length([c.ids for c in copies])
-        for rows in self._batches(order, "masked copies"):
-            batch = [copies[r] for r in rows]
-            width = max(len(c.ids) for c in batch)
-            inputs = torch.zeros((len(batch), width), dtype=torch.long)
-            attention = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, copy in enumerate(batch):
-                inputs[row, : len(copy.ids)] = torch.tensor(copy.ids)
-                attention[row, : len(copy.ids)] = 1
-            positions = torch.tensor([[c.position] for c in batch])
-            out = self._run(
-                inputs,
-                attention_mask=attention,
-                token_type_ids=torch.zeros_like(inputs),
-                masked_positions=positions,
-            )
-            logp = out.mlm_logits[:, 0].float().log_softmax(-1)
-            targets = torch.tensor([c.target for c in batch], device=logp.device)
-            picked = logp.gather(-1, targets[:, None])[:, 0].double().cpu()
-            scores.index_add_(0, torch.tensor([c.sentence for c in batch]), picked)
-        return scores.tolist()
+        copies = sum(mask.count(0) for mask in (e.special_tokens_mask for e in encodings))
+        word_l2r, mask = self.pll == "word_l2r", special_ids(tokenizer).mask
+        bar = tqdm(total=copies, desc="scoring masked", unit=" copies", disable=not self.progress)
+        with bar:
+            for batch in _masked_copies(encodings, mask, self.batch_size, word_l2r=word_l2r):
+                logits = self._run(model.mlm_logits_at, batch.ids, batch.at).float()
+                target = batch.target.to(logits.device)[:, None]
+                logp = logits.log_softmax(-1).gather(-1, target)[:, 0].double().cpu()
+                scores.index_add_(0, batch.sentence, logp)
+                bar.update(len(batch.at))
+        return scores[same_as].tolist()
 
-    def _run(self, inputs: torch.Tensor, **tensors: torch.Tensor):
-        on_device = {k: v.to(self.device) for k, v in tensors.items()}
+    def _run(self, forward: Callable[..., Any], *tensors: torch.Tensor) -> Any:
+        on_device = [t.to(self.device) for t in tensors]
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):  # fp32 (above)
-            return self.pretrained.model(inputs.to(self.device), **on_device)
+            return forward(*on_device)
 
     def _batches(self, order: list[int], unit: str) -> Iterator[list[int]]:
         starts = range(0, len(order), self.batch_size)
@@ -156,28 +157,54 @@ class SentenceScorer:
 
 
 @dataclass(frozen=True)
-class MaskedCopy:
-    """A sentence's ids with one token (and, for word_l2r, the rest of its word) masked."""
+class MaskedCopies:
+    """Masked copies of sentences of one length T, one copy per scored token.
 
-    sentence: int
-    ids: list[int]
-    position: int
-    target: int
+    Attributes:
+        sentence: (B,) the sentence each copy is of (its index in the scored list).
+        ids: (B, T) the copy's ids: the sentence's, with the token at `at` (and, for word_l2r,
+            the rest of its word's pieces) replaced by [MASK].
+        at: (B,) the column of the token the copy scores.
+        target: (B,) that token's id.
+    """
+
+    sentence: torch.Tensor
+    ids: torch.Tensor
+    at: torch.Tensor
+    target: torch.Tensor
 
 
-def _masked_copies(encodings, mask: int, *, word_l2r: bool) -> Iterator[MaskedCopy]:
-    """A copy per scored token (every token but the specials) of every encoding."""
+def _masked_copies(
+    encodings, mask: int, batch_size: int, *, word_l2r: bool
+) -> Iterator[MaskedCopies]:
+    """A copy per scored token (every token but the specials) of every encoding, in batches of
+    at most `batch_size` copies of one length, longest first: a batch needs no padding (nor an
+    attention mask), and the copies of a sentence sit side by side."""
+    by_length: dict[int, list[int]] = defaultdict(list)
     for index, encoding in enumerate(encodings):
-        ids, words = encoding.ids, encoding.word_ids
-        scored = [i for i, special in enumerate(encoding.special_tokens_mask) if not special]
-        for position in scored:
-            copy = list(ids)
-            masked = [position]
-            if word_l2r and words[position] is not None:
-                masked += [i for i in scored if i > position and words[i] == words[position]]
-            for i in masked:
-                copy[i] = mask
-            yield MaskedCopy(index, copy, position, ids[position])
+        by_length[len(encoding.ids)].append(index)
+    for length in sorted(by_length, reverse=True):
+        members = [encodings[i] for i in by_length[length]]
+        ids_ST = torch.tensor([e.ids for e in members], dtype=torch.long)
+        scored_ST = torch.tensor([e.special_tokens_mask for e in members]) == 0
+        words_ST = torch.tensor([[-1 if w is None else w for w in e.word_ids] for e in members])
+        of_C, at_C = scored_ST.nonzero(as_tuple=True)  # C: the copies of this length
+        sentence_C = torch.tensor(by_length[length])[of_C]
+        for first in range(0, len(at_C), batch_size):
+            of_B, at_B = of_C[first : first + batch_size], at_C[first : first + batch_size]
+            columns_BT = torch.arange(length).expand(len(at_B), -1)
+            masked_BT = columns_BT == at_B[:, None]
+            if word_l2r:  # the later pieces of the scored token's word too
+                words_BT = words_ST[of_B]
+                word_B1 = words_BT.gather(1, at_B[:, None])
+                later_BT = (columns_BT > at_B[:, None]) & scored_ST[of_B]
+                masked_BT |= later_BT & (words_BT == word_B1) & (word_B1 >= 0)
+            yield MaskedCopies(
+                sentence_C[first : first + batch_size],
+                ids_ST[of_B].masked_fill(masked_BT, mask),
+                at_B,
+                ids_ST[of_B, at_B],
+            )
 
 
 def _whole(tokenizer: Tokenizer) -> Tokenizer:
@@ -187,6 +214,21 @@ def _whole(tokenizer: Tokenizer) -> Tokenizer:
     copy.no_padding()
     copy.no_truncation()
     return copy
+
+
+def _distinct(sequences: Sequence[Sequence[int]]) -> tuple[list[int], torch.Tensor]:
+    """(the index of the first of each distinct sequence, for every sequence the place of its
+    own among those). Sentences the model reads as the same tokens are scored once: they get
+    one score to the last bit, so a minimal pair whose two sentences are the same (BLiMP has a
+    few) is a tie, whichever batches their copies would have fallen into."""
+    slots: dict[tuple[int, ...], int] = {}
+    kept, same_as = [], []
+    for index, sequence in enumerate(sequences):
+        slot = slots.setdefault(tuple(sequence), len(kept))
+        if slot == len(kept):
+            kept.append(index)
+        same_as.append(slot)
+    return kept, torch.tensor(same_as, dtype=torch.long)
 
 
 def _by_length(sequences: Sequence[Sequence[int]]) -> list[int]:

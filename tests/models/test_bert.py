@@ -81,6 +81,23 @@ def test_masked_positions_path_equals_full_path_at_those_positions():
     torch.testing.assert_close(flat.nsp_logits, full.nsp_logits)
 
 
+@pytest.mark.parametrize("layers", [1, 2])
+def test_logits_at_one_column_per_row_are_the_full_forwards_there(layers):
+    """`mlm_logits_at` runs the last block for one column per row only (what a pseudo-log-
+    likelihood reads); its scores are the full forward's at those columns, with padding and
+    token types, also in a model whose only block is its last."""
+    torch.manual_seed(0)
+    config = BertConfig.from_preset("tiny", vocab_size=V, init_std=0.1, n_layers=layers)
+    model = BertForPreTraining(config).eval()
+    ids, mask, token_types = bert_inputs()  # rows of 24, 17 and 9 real tokens
+    at = torch.tensor([23, 0, 8])
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask, token_type_ids=token_types).mlm_logits
+        only = model.mlm_logits_at(ids, at, attention_mask=mask, token_type_ids=token_types)
+    assert only.shape == (3, V)
+    torch.testing.assert_close(only, full[torch.arange(3), at], atol=1e-5, rtol=0)
+
+
 def test_padding_does_not_change_real_positions():
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V, init_std=0.1)).eval()

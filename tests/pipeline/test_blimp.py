@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +31,9 @@ from pipeline.report import write_report
 from pipeline.run.errors import ConfigError, ResultsError
 from pipeline.suites.blimp import check_settings, random_twin
 from tests.conftest import CLI_ENV, REPO, run_pretrain
+from tests.pipeline.test_cli import make_repo
 from tests.pipeline.test_probe import probe_steps
-from tests.pipeline.tiny_models import tiny_model, trained_tokenizer
+from tests.pipeline.tiny_models import tiny_model, trained_tokenizer, write_fine_tuned
 from tokenizer import special_ids
 
 CPU = torch.device("cpu")
@@ -88,10 +90,10 @@ class FixedMLM(BertForPreTraining):
         self.log_q = torch.randn(4, vocab, generator=generator).log_softmax(-1)
         self.mask = mask
 
-    def forward(self, input_ids, *, attention_mask, token_type_ids, masked_positions):
-        masks = ((input_ids == self.mask) & (attention_mask == 1)).sum(-1).clamp(max=4)
-        logits = self.log_q[masks - 1][:, None, :]  # (B, 1, V) for one position per row
-        return SimpleNamespace(mlm_logits=logits)
+    def mlm_logits_at(self, input_ids, at_B, *, attention_mask=None):
+        padding = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        masks = ((input_ids == self.mask) & (padding == 1)).sum(-1).clamp(max=4)
+        return self.log_q[masks - 1]  # (B, V): one position per row
 
 
 @pytest.mark.parametrize("pll", ["token", "word_l2r"])
@@ -445,3 +447,34 @@ def test_evaluate_lm_suite_blimp_on_a_pretraining_run(tmp_path, family):
     (run / "blimp-broken.json").write_text("{}")
     with pytest.raises(ResultsError, match="blimp-broken.json is not a BLiMP record"):
         write_report([run], tmp_path / "report")
+
+
+def test_evaluate_lm_suite_blimp_on_a_fine_tuned_run_names_its_pretraining_run(tmp_path):
+    """`make evaluate-lm suite=blimp ckpt=<a fine-tuning run>` (fine-tuned from `ckpt=out/...`,
+    relative to where it ran): one short line that says it is a fine-tuned sst2 classifier and
+    names the pretraining run, with the command that scores it, which runs when pasted."""
+    done = run_pretrain(tmp_path, "model=gpt-tiny", "debug=smoke", "run_name=r", "logger=csv")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "out" / "gpt-tiny" / "r"
+    last = run / "checkpoints" / "last.ckpt"
+    tuned = write_fine_tuned(tmp_path / "ft", last, "out/gpt-tiny/r", cwd=tmp_path)
+    env = {"BLIMP_DIR": str(write_blimp(tmp_path / "blimp"))}
+    command = [sys.executable, "-m", "pipeline.commands.evaluate_lm", f"ckpt={tuned}"]
+    result = subprocess.run(
+        [*command, "suite=blimp"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=CLI_ENV | env,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert f"{tuned} is a fine-tuned sst2 classifier" in error
+    assert f"fine-tuned from the pretraining run {run}: " in error
+    assert "different version" not in error and "backbone.layers" not in error
+    pasted = error.partition("score that instead: ")[2]
+    assert pasted == f"make evaluate-lm ckpt={run} suite=blimp"
+    scored = make_repo(*shlex.split(pasted)[1:], env=CLI_ENV | env)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert "| **overall** |" in scored.stdout and (run / "blimp.json").is_file()
