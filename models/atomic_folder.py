@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import filecmp
 import logging
 import os
 import re
@@ -70,6 +69,9 @@ def write_folder(
             says so in words); `directory` is then left as it was.
     """
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"{directory} is a file; give a folder to write into")
+    directory.parent.mkdir(parents=True, exist_ok=True)
     _clear_leftovers(directory)
     if _holds(directory, files, tensors):
         return False
@@ -82,7 +84,8 @@ def write_folder(
             mode = stat.S_IMODE(path.stat().st_mode)
             _save_tensors(save, named, path)
             os.chmod(path, mode)  # safetensors makes its file private (0600)
-        return replace_folder(staging, directory)
+        replace_folder(staging, directory)
+    return True
 
 
 def recover_folder(directory: str | os.PathLike) -> Path | None:
@@ -120,14 +123,9 @@ def _clear_leftovers(directory: Path) -> None:
 def staged_folder(directory: str | os.PathLike) -> Iterator[Path]:
     """An empty folder beside `directory` (its mode the one a new folder gets under the
     umask) to write the new files into, then give to `replace_folder`; removed when the block
-    ends (holding the old files, after a swap). What earlier writes of `directory` that were
-    killed left is cleared first: a complete copy put back where `directory` is missing,
-    the rest removed."""
+    ends (holding the old files, after a swap). What killed writes left beside `directory`
+    is cleared before (`_clear_leftovers`, by `write_folder`)."""
     directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise NotADirectoryError(f"{directory} is a file; give a folder to write into")
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    _clear_leftovers(directory)
     while True:
         staging = directory.with_name(f"{_staging_prefix(directory)}{secrets.token_hex(4)}")
         try:
@@ -141,13 +139,11 @@ def staged_folder(directory: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def replace_folder(staging: Path, directory: str | os.PathLike) -> bool:
-    """Put the files of `staging` under the name `directory`, whole; returns whether anything
-    changed (False: `directory` already held the same files, byte for byte and mode for mode,
-    and is left untouched). Files of the old `directory` that `staging` lacks are kept."""
+def replace_folder(staging: Path, directory: str | os.PathLike) -> None:
+    """Put the files of `staging` under the name `directory`, whole (`write_folder` has found
+    that `directory` does not hold them already). Files of the old `directory` that `staging`
+    lacks are kept."""
     directory = Path(directory)
-    if directory.is_dir() and _holds_the_same(directory, staging):
-        return False
     if directory.is_dir():
         _keep_the_others(directory, staging)
     _sync_folder(staging, files=True)
@@ -214,18 +210,6 @@ def _save_tensors(
         if code is None:
             raise
         raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from err
-
-
-def _holds_the_same(directory: Path, staging: Path) -> bool:
-    for new in staging.iterdir():
-        old = directory / new.name
-        if not old.is_file() or old.is_symlink():
-            return False
-        if stat.S_IMODE(old.stat().st_mode) != stat.S_IMODE(new.stat().st_mode):
-            return False
-        if not filecmp.cmp(old, new, shallow=False):
-            return False
-    return True
 
 
 def _keep_the_others(directory: Path, staging: Path) -> None:
