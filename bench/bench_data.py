@@ -13,12 +13,12 @@ against the mini models' training-step rate.
    to at least `--parallel-mb` MB (100; a parallel build's start-up is a few tenths of a second
    per process, which a corpus of seconds would mostly measure) and written to `PARALLEL_FILES`
    files, are then built by 1 process and by 2 (`make prepare prepare.workers=2`,
-   datamodules/store_parallel.py): MB/s of each, and their ratio.
+   datamodules/stores/parallel.py): MB/s of each, and their ratio.
 2. DataLoader: batches/s of the training loader for BERT (NSP pairs, dynamic masking, seq 128,
    batch 32) and GPT (packed windows, seq 256, batch 16) with 0 and 2 workers, after the first
    batch (worker start-up excluded).
    The same with `datamodule.streaming=true` (no store: the workers read and tokenize the
-   text as they go, datamodules/stream_read.py), and the seconds to its first batch.
+   text as they go, datamodules/streaming/read.py), and the seconds to its first batch.
 3. Mini models: fwd + bwd + AdamW steps/s of BERT-mini and GPT-mini (models/) on the same
    batches, on `--device` (CUDA when present, else this CPU). Target: the loader's batches/s
    >= 20x the training-step rate.
@@ -55,12 +55,12 @@ from bench.common import (
     number,
     require_data,
 )
-from datamodules.corpus import EmbeddedCorpus, TextFilesCorpus
-from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.corpora.corpus import EmbeddedCorpus, TextFilesCorpus
+from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from datamodules.run_stores import store_settings
-from datamodules.store_build import build_store
-from datamodules.store_parallel import build_in_parallel
+from datamodules.stores.build import build_store
+from datamodules.stores.parallel import build_in_parallel
 from tokenizer import batched, train_tokenizer
 
 CORPORA = {

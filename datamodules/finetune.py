@@ -59,8 +59,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from datamodules.long_text import chunk_document, truncate
-from datamodules.task_batches import (
+from datamodules.tasks.batches import (
     ChunkCollator,
     ChunkedSplit,
     EncodedSplit,
@@ -70,8 +69,9 @@ from datamodules.task_batches import (
     PairCollator,
     PairedSplit,
 )
-from datamodules.task_files import read_examples, task_examples
-from datamodules.tasks import Example, LabelMap, TaskDataError, TaskSpec, build_label_map
+from datamodules.tasks.files import read_examples, task_examples
+from datamodules.tasks.long_text import chunk_document, truncate
+from datamodules.tasks.spec import Example, LabelMap, TaskDataError, TaskSpec, build_label_map
 from tokenizer import TEMPLATE_BY_KIND, InputTemplate, special_ids, tokenizer_kind
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class FinetuneDataModule(L.LightningDataModule):
         max_examples: read only the first this many examples of each split (quick runs, tests);
             with `task.labels` null, labels are then collected from those examples only.
         train_examples: train on a fixed random sample of this many training examples
-            (`datamodules.task_files.fixed_sample`; the same for every seed); the evaluation
+            (`datamodules.tasks.files.fixed_sample`; the same for every seed); the evaluation
             splits are read whole. None: all of them.
         eval_examples: score on a fixed random sample of this many examples of each
             evaluation split (a probe's quick estimate); None: all of them.

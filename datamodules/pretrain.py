@@ -9,15 +9,15 @@
 - `check_documents` (which `make pretrain` calls before the run writes anything) builds the
   training store and checks that its documents make the run's splits: a corpus too small for
   the run fails there, saying how many documents it needs, why, and the settings that fix it.
-- Batches are described in `datamodules.batches`; each rank reads a disjoint share
-  (`datamodules.sharding`).
+- Batches are described in `datamodules.objectives.batches`; each rank reads a disjoint share
+  (`datamodules.objectives.sharding`).
 - `state_dict()` records the position (phase, epoch, optimizer steps done in the epoch), the
   seed that, with the position, determines every batch, and the fingerprint of the text read
-  (`datamodules.resume_text`); Lightning saves it in checkpoints.
+  (`datamodules.stores.resume_text`); Lightning saves it in checkpoints.
   `load_state_dict()` makes the next training epoch start exactly there: a resumed run gets the
   batches the uninterrupted run would have got next, without replaying the skipped ones.
 
-Phases (`objective.phases`, `datamodules.objective.phase_plan`): each phase has its own
+Phases (`objective.phases`, `datamodules.objectives.objective.phase_plan`): each phase has its own
 batches (its sequence length, batch size, masking), all read from the one token store. A
 phase's epochs end early at its last step; the Trainer must then ask for the next epoch's
 loader (`reload_dataloaders_every_n_epochs=1`), which belongs to the phase that the run's
@@ -26,7 +26,7 @@ validation curve stays comparable across a switch.
 
 Which stores a run reads, and building them ahead of training (`make prepare`), are in
 `datamodules.run_stores`. With `streaming=True` there is no store: the loader's workers read and
-tokenize the corpus as training goes (`datamodules.stream_read`, `datamodules.stream_loader`).
+tokenize the corpus as training goes (`datamodules.streaming.read`, `datamodules.streaming.loader`).
 """
 
 from __future__ import annotations
@@ -41,26 +41,38 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from datamodules.batches import (
+from datamodules.corpora.corpus import DataSetupError
+from datamodules.corpora.mixture import MixtureCorpus
+from datamodules.objectives.batches import (
     TRAIN,
     VAL,
     BatchMaker,
-    DataSetupError,
     EpochBatches,
     StepBatches,
     require_pairs,
     require_window,
     too_few_documents,
 )
-from datamodules.loaders import BatchLoader, PositionLoader, _keep
-from datamodules.mixture import InterleavedBatches, MixtureBatches, MixtureCorpus
-from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective, Phase, phase_plan
-from datamodules.resume_text import sources_changed, store_fingerprints
+from datamodules.objectives.loaders import BatchLoader, PositionLoader, _keep
+from datamodules.objectives.mixed import InterleavedBatches, MixtureBatches
+from datamodules.objectives.objective import (
+    CausalLMObjective,
+    MaskedLMObjective,
+    Objective,
+    Phase,
+    phase_plan,
+)
+from datamodules.objectives.sharding import (
+    EpochSampler,
+    TooFewDocuments,
+    process_place,
+    split_documents,
+)
 from datamodules.run_stores import RunStores, corpora_of, prepare_stores, store_settings
-from datamodules.sharding import EpochSampler, TooFewDocuments, process_place, split_documents
-from datamodules.store import StoreStats, TokenStore
-from datamodules.store_build import open_or_build_store
-from datamodules.stream_loader import StreamedData, StreamLoader, streaming_refusal
+from datamodules.stores.build import open_or_build_store
+from datamodules.stores.resume_text import sources_changed, store_fingerprints
+from datamodules.stores.store import StoreStats, TokenStore
+from datamodules.streaming.loader import StreamedData, StreamLoader, streaming_refusal
 from tokenizer import SpecialIds
 
 log = logging.getLogger(__name__)
@@ -72,7 +84,7 @@ class PretrainDataModule(L.LightningDataModule):
     """Token stores, NSP/MLM or packed batches, validation split, sharding and resume.
 
     Args:
-        corpus: training corpus (`datamodules.corpus`).
+        corpus: training corpus (`datamodules.corpora.corpus`).
         tokenizer: the run's tokenizer (`tokenizer.get_tokenizer`).
         objective: `MaskedLMObjective` (BERT) or `CausalLMObjective` (GPT).
         cache_dir: root of the caches; stores go to `<cache_dir>/token_stores/<key>/`.
@@ -82,7 +94,7 @@ class PretrainDataModule(L.LightningDataModule):
         val_corpus: a separate validation corpus (then all training documents are used).
         num_workers: DataLoader worker processes (batches are identical for any number).
         micro_batches: training batches per optimizer step (gradient accumulation): the
-            loader hands out whole steps (`datamodules.batches.StepBatches`), and the
+            loader hands out whole steps (`datamodules.objectives.batches.StepBatches`), and the
             position counts steps.
         max_steps: the run's optimizer steps, which `objective.phases` split (needed only with
             phases).
@@ -91,7 +103,7 @@ class PretrainDataModule(L.LightningDataModule):
         chunk_mb: text per tokenization chunk when building a store (bounds memory).
         wait_timeout_s: how long ranks other than 0 wait for rank 0 to build a store.
         streaming: read and tokenize the corpus on the fly in the loader workers instead of
-            from a token store (`datamodules.stream_read`).
+            from a token store (`datamodules.streaming.read`).
         shuffle_buffer_mb: streaming: text per shuffled block, in MB.
         rank, world_size: this process's shard outside a Trainer (inside one, the Trainer's
             global rank and world size are used); default: torch.distributed, else 0 of 1.

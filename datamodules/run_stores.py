@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from datamodules.mixture import MixtureCorpus
-from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective
-from datamodules.store import StoreSettings, StoreStats, TokenStore
-from datamodules.store_build import open_or_build_store, store_path
-from datamodules.store_parallel import build_in_parallel
+from datamodules.corpora.mixture import MixtureCorpus
+from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective, Objective
+from datamodules.stores.build import open_or_build_store, store_path
+from datamodules.stores.parallel import build_in_parallel
+from datamodules.stores.store import StoreSettings, StoreStats, TokenStore
 from tokenizer import special_ids, tokenizer_kind
 
 
@@ -50,13 +50,13 @@ def prepare_stores(
     """Build (or reuse) the token stores of a run ahead of training.
 
     Args:
-        corpus: the training corpus (`datamodules.corpus`).
+        corpus: the training corpus (`datamodules.corpora.corpus`).
         tokenizer: the run's tokenizer.
         objective: the run's objective (decides the store layout).
         cache_dir: root of the caches (stores go to `<cache_dir>/token_stores/`).
         val_corpus: a separate validation corpus, if any.
         chunk_mb: text per encoding chunk (bounds memory).
-        workers: processes that tokenize on this machine (`datamodules.store_parallel`).
+        workers: processes that tokenize on this machine (`datamodules.stores.parallel`).
         rank, ranks: this process's rank among the launcher's (torchrun, srun): each builds
             its share of the parts, rank 0 joins them.
 

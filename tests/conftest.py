@@ -78,7 +78,7 @@ def run_pretrain(
 
 
 class ListCorpus:
-    """An in-memory corpus with the same interface as datamodules.corpus."""
+    """An in-memory corpus with the same interface as datamodules.corpora.corpus."""
 
     def __init__(self, docs: list[str]) -> None:
         self.docs = docs
@@ -98,7 +98,7 @@ class ListCorpus:
 @pytest.fixture(scope="session")
 def small_docs() -> list[str]:
     """~150 KB of real English prose from the embedded corpus (first 30 documents)."""
-    from datamodules.corpus import EmbeddedCorpus
+    from datamodules.corpora.corpus import EmbeddedCorpus
 
     docs = list(EmbeddedCorpus().documents())
     return docs[:30]
@@ -122,7 +122,7 @@ def write_two_source_mixture(folder: Path, weights: str = "{alpha: 0.7, beta: 0.
     """A data config of two local text sources (the first 40 embedded documents, and the next
     20) mixed by `weights`, written under `folder`; the overrides that select it (a config
     folder on Hydra's search path, as a user's own mixture would be)."""
-    from datamodules.corpus import EmbeddedCorpus
+    from datamodules.corpora.corpus import EmbeddedCorpus
 
     docs = list(EmbeddedCorpus().documents())
     (folder / "alpha.txt").write_text("\n\n".join(docs[:40]) + "\n")
@@ -134,7 +134,7 @@ def write_two_source_mixture(folder: Path, weights: str = "{alpha: 0.7, beta: 0.
         "  - /data@sources.alpha: text_files\n"
         "  - /data@sources.beta: text_files\n"
         "  - _self_\n"
-        "_target_: datamodules.mixture.MixtureCorpus\n"
+        "_target_: datamodules.corpora.mixture.MixtureCorpus\n"
         "_convert_: object\n"
         f"sources:\n  alpha: {{paths: {folder / 'alpha.txt'}}}\n"
         f"  beta: {{paths: {folder / 'beta.txt'}}}\n"

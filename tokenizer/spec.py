@@ -90,7 +90,7 @@ def get_tokenizer(
 
     Args:
         spec: tokenizer settings.
-        corpus: a corpus from `datamodules.corpus` (only read when training).
+        corpus: a corpus from `datamodules.corpora.corpus` (only read when training).
         cache_dir: root of the project's caches.
         may_train: False in every process of a multi-process run but rank 0: WordPiece
             training is not reproducible across processes, so the others wait for rank 0's

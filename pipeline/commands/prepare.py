@@ -3,7 +3,7 @@ otherwise) and print documents, tokens, throughput and the cache path. For a str
 (`datamodule.streaming=true`) it trains and caches the tokenizer only.
 
     python -m pipeline.commands.prepare model=gpt data=text_files data.paths='corpus/*.txt'
-    make prepare ... prepare.workers=8        # 8 tokenizing processes (datamodules/store_parallel.py)
+    make prepare ... prepare.workers=8        # 8 tokenizing processes (datamodules/stores/parallel.py)
     torchrun --nnodes 4 ... -m pipeline.commands.prepare ... prepare.workers=8   # and 4 nodes
 
 Ctrl-C ends it with one line and exit status 130: every cache file is written atomically (a
@@ -20,7 +20,7 @@ import hydra
 from omegaconf import DictConfig
 
 from datamodules.run_stores import prepare_stores
-from datamodules.store_parallel import PartBuildError
+from datamodules.stores.parallel import PartBuildError
 from pipeline.pretrain.checks import check_config
 from pipeline.run.cli import entry_point, make_command, user_errors
 from pipeline.run.errors import ConfigError

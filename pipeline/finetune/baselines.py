@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from datamodules.tasks import Example, TaskSpec, build_label_map
+from datamodules.tasks.spec import Example, TaskSpec, build_label_map
 from pipeline.finetune.metrics import task_metrics
 from pipeline.finetune.results import Scores
 

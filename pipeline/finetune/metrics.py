@@ -37,7 +37,7 @@ from torchmetrics.classification import (
 )
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
-from datamodules.tasks import CLASSIFICATION_METRICS, REGRESSION_METRICS
+from datamodules.tasks.spec import CLASSIFICATION_METRICS, REGRESSION_METRICS
 
 __all__ = ["CLASSIFICATION_METRICS", "REGRESSION_METRICS", "main_metric", "task_metrics"]
 

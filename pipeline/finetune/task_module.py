@@ -114,7 +114,7 @@ class TaskModule(L.LightningModule):
     ) -> None:
         _, scores = self.scores(batch)
         labels = batch["labels"]
-        if "scored" in batch:  # a DDP rank's repeated examples (datamodules.task_batches.Repeat)
+        if "scored" in batch:  # a DDP rank's repeated examples (datamodules.tasks.batches.Repeat)
             scores, labels = scores[batch["scored"]], labels[batch["scored"]]
             if not len(labels):
                 return

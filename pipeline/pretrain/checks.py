@@ -15,9 +15,9 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from datamodules.corpus import CorpusError
-from datamodules.mixture import source_keys
-from datamodules.objective import (
+from datamodules.corpora.corpus import CorpusError
+from datamodules.corpora.mixture import source_keys
+from datamodules.objectives.objective import (
     CausalLMObjective,
     MaskedLMObjective,
     Objective,
@@ -25,7 +25,7 @@ from datamodules.objective import (
     phase_plan,
 )
 from datamodules.pretrain import PretrainDataModule
-from datamodules.stream_loader import streaming_refusal
+from datamodules.streaming.loader import streaming_refusal
 from models.config import ModelConfig
 from pipeline.pretrain.budget import RunLength
 from pipeline.pretrain.corpus_init import OUTPUT_BIAS_CHOICES

@@ -19,8 +19,8 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torchmetrics import MeanMetric
 
-from datamodules.batches import STEP_TOTAL, LossCount
-from datamodules.mixture import VAL_SOURCE
+from datamodules.objectives.batches import STEP_TOTAL, LossCount
+from datamodules.objectives.mixed import VAL_SOURCE
 from models.bert import BertForPreTraining, pretraining_loss
 from models.config import BertConfig, GPTConfig, ModelConfig
 from models.flops import flops_per_token, param_count
@@ -47,7 +47,7 @@ class PretrainModule(L.LightningModule):
     """
 
     perplexity_of = "loss"  # the loss whose exp is the perplexity
-    # loss term -> the count it averages over (`datamodules.batches` `loss_counts` names)
+    # loss term -> the count it averages over (`datamodules.objectives.batches` `loss_counts` names)
     loss_terms: ClassVar[dict[str, str]] = {}
 
     def __init__(

@@ -29,7 +29,12 @@ import math
 
 import lightning as L
 
-from datamodules.objective import CausalLMObjective, MaskedLMObjective, Objective, passes_over
+from datamodules.objectives.objective import (
+    CausalLMObjective,
+    MaskedLMObjective,
+    Objective,
+    passes_over,
+)
 from pipeline.pretrain.budget import TimeBudget
 
 log = logging.getLogger(__name__)

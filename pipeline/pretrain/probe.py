@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from datamodules.finetune import FinetuneDataModule
-from datamodules.tasks import TaskSpec
+from datamodules.tasks.spec import TaskSpec
 from models.heads import (
     alignment_scores,
     backbone_of,

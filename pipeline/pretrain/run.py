@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
-from datamodules.objective import trained_seq_len
+from datamodules.objectives.objective import trained_seq_len
 from datamodules.pretrain import PretrainDataModule
 from models.hf import write_hf_export
 from pipeline.checkpoint.interrupt import GracefulStop, signals_abort

@@ -31,10 +31,9 @@ from hydra.core.override_parser.types import ChoiceSweep
 from hydra.errors import OverrideParseException
 from omegaconf.errors import MissingMandatoryValue
 
-from datamodules.batches import DataSetupError
-from datamodules.corpus import CorpusError
-from datamodules.long_text import LongTextError
-from datamodules.tasks import TaskDataError
+from datamodules.corpora.corpus import CorpusError, DataSetupError
+from datamodules.tasks.long_text import LongTextError
+from datamodules.tasks.spec import TaskDataError
 from pipeline.run.config_keys import hydra_quote
 from pipeline.run.errors import CheckpointLoadError, ConfigError, NonFiniteLossError
 from pipeline.run.folder import remove_unused_run_folder

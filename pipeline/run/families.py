@@ -20,7 +20,7 @@ from typing import Any
 from hydra.utils import get_object
 from torch import nn
 
-from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
 from models.bert import BertForPreTraining, BertLayer, BertModel
 from models.config import BertConfig, GPTConfig, round_up
 from models.gpt import GPT, GPTBlock, GPTModel

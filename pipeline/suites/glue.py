@@ -41,7 +41,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from datamodules.task_files import task_examples
+from datamodules.tasks.files import task_examples
 from pipeline.checkpoint.load import load_backbone
 from pipeline.checkpoint.source import resolve_checkpoint
 from pipeline.finetune.baselines import baseline_scores

@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from datamodules.corpus import EmbeddedCorpus, TextFilesCorpus
+from datamodules.corpora.corpus import EmbeddedCorpus, TextFilesCorpus
 from models.config import BertConfig, GPTConfig
 from models.gpt import GPT
 from pipeline.pretrain.checks import check_config
@@ -32,7 +32,7 @@ from pipeline.training.optim import build_optimizer
 from tests.conftest import CONF, compose_pretrain
 from tests.pipeline.task_data import point_shipped_corpora_at
 
-# conf/task/ belongs to fine-tuning, not to pretrain.yaml; tests/datamodules/test_tasks.py
+# conf/task/ belongs to fine-tuning, not to pretrain.yaml; tests/datamodules/tasks/test_tasks.py
 # instantiates every task config. conf/suite/ belongs to glue.yaml (tests/pipeline/test_glue.py).
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("task", "suite"))
 FILE_DATA = {"text_files", "jsonl", "parquet", "wikitext2"}
@@ -50,7 +50,7 @@ def reads_glue_texts(group: str, option: str) -> bool:
         return False
     data = compose_pretrain(f"experiment={option}").data
     corpora = [data, *data.get("parts", {}).values()]
-    return any(c._target_ == "datamodules.task_texts.TaskTextsCorpus" for c in corpora)
+    return any(c._target_ == "datamodules.tasks.texts.TaskTextsCorpus" for c in corpora)
 
 
 GPT_ONLY_OPTIONS = {"bpe", "causal_lm", "adamw_gpt", "warmup_cosine", "gpt-reference", "gpt-fast"}

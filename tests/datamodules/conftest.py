@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from datamodules.corpus import EmbeddedCorpus, TextFilesCorpus
-from datamodules.objective import CausalLMObjective, MaskedLMObjective
-from datamodules.store import TokenStore
+from datamodules.corpora.corpus import EmbeddedCorpus, TextFilesCorpus
+from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.stores.store import TokenStore
 from tests.datamodules.helpers import WIKITEXT_TRAIN, build
 from tokenizer import batched, train_tokenizer
 

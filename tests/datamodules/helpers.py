@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from datamodules.run_stores import store_settings
-from datamodules.store import TokenStore
-from datamodules.store_build import open_or_build_store
+from datamodules.stores.build import open_or_build_store
+from datamodules.stores.store import TokenStore
 from tests.conftest import SHARED_DATA
 
 WIKITEXT_TRAIN = SHARED_DATA / "wikitext/wikitext-2-tokenized/train.txt.gz"

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from datamodules.corpus import EmbeddedCorpus
-from datamodules.objective import MaskedLMObjective
+from datamodules.corpora.corpus import EmbeddedCorpus
+from datamodules.objectives.objective import MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from tokenizer import batched, train_tokenizer
 
@@ -64,7 +64,7 @@ def test_only_rank_0_builds_and_ranks_share_the_epoch(tmp_path, wordpiece):
     assert outcome[0][1] == outcome[1][1]  # the same store
     assert outcome[0][3] == outcome[1][3]  # the same epoch order on both ranks
     # Together the ranks read the epoch exactly once, but for a tail shorter than the world
-    # size, left out so that every rank gets as many batches (datamodules.sharding.ShardPlan).
+    # size, left out so that every rank gets as many batches (datamodules.objectives.sharding.ShardPlan).
     # (An NSP epoch may hold an instance twice: its length is fixed, and an epoch with fewer
     # instances wraps around, so compare counts.)
     read = len(outcome[0][2]) + len(outcome[1][2])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from models.bert import BertForPreTraining, pretraining_loss
 from models.config import BertConfig, GPTConfig

@@ -9,9 +9,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from datamodules.batches import DataSetupError
-from datamodules.corpus import TextFilesCorpus
-from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.corpora.corpus import DataSetupError, TextFilesCorpus
+from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 
 SETTINGS = {

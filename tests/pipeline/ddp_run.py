@@ -21,9 +21,9 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 
-from datamodules.batches import STEP_TOTAL, BertBatches
-from datamodules.corpus import EmbeddedCorpus
-from datamodules.objective import CausalLMObjective, MaskedLMObjective
+from datamodules.corpora.corpus import EmbeddedCorpus
+from datamodules.objectives.batches import STEP_TOTAL, BertBatches
+from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from models.config import BertConfig, GPTConfig
 from pipeline.pretrain.corpus_init import CorpusInit

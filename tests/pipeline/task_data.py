@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from datamodules.tasks import TaskSpec
+from datamodules.tasks.spec import TaskSpec
 
 WORDS = [
     "the",

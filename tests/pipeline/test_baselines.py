@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from datamodules.tasks import Example, TaskSpec
+from datamodules.tasks.spec import Example, TaskSpec
 from pipeline.finetune.baselines import bag_features, bag_vocabulary, baseline_scores, fit_linear
 
 FILLER = [

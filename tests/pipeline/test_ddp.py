@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from datamodules.corpus import EmbeddedCorpus
+from datamodules.corpora.corpus import EmbeddedCorpus
 from models.config import BertConfig, GPTConfig
 from pipeline.run.families import family_named
 from tests.conftest import CLI_ENV, REPO

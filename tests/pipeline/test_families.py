@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torch.nn import functional as F
 
-from datamodules.objective import CausalLMObjective
+from datamodules.objectives.objective import CausalLMObjective
 from models.config import BertConfig, GPTConfig
 from pipeline.checkpoint.load import load_backbone, load_finetuned, load_pretrained
 from pipeline.finetune.evaluation import evaluate

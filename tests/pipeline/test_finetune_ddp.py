@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from datamodules.task_batches import EpochShuffleSampler, EvalShardSampler, Repeat, with_scored
+from datamodules.tasks.batches import EpochShuffleSampler, EvalShardSampler, Repeat, with_scored
 from pipeline.run.folder import RESULTS
 from tests.conftest import CLI_ENV
 from tests.pipeline.task_data import pair_task, write_pairs

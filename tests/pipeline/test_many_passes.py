@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from datamodules.objective import CausalLMObjective, MaskedLMObjective, phase_plan
+from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective, phase_plan
 from pipeline.pretrain.passes import ManyPassesWarning, many_passes, many_passes_warning
 from tests.conftest import run_pretrain, write_two_source_mixture
 

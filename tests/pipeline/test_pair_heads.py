@@ -112,7 +112,7 @@ def test_a_siamese_model_evaluates_and_predicts_as_it_was_trained(setup, tmp_pat
 def test_pairs_are_read_apart_by_default_up_to_mini_width():
     """head.siamese null: siamese (with mean pooling) for widths up to 256, one sequence above;
     single-text tasks never; an explicit setting wins."""
-    from datamodules.tasks import TaskSpec
+    from datamodules.tasks.spec import TaskSpec
     from pipeline.finetune.settings import SIAMESE_UP_TO_WIDTH, reads_pairs_apart
 
     def task(columns):
@@ -149,7 +149,7 @@ def test_an_unknown_pooling_is_a_config_error(setup):
 
 
 def test_a_head_record_round_trips_and_refuses_an_unknown_pair_score():
-    from datamodules.tasks import LabelMap
+    from datamodules.tasks.spec import LabelMap
     from pipeline.checkpoint.head import HeadSpec
 
     spec = HeadSpec(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from datamodules.tasks import TaskSpec
+from datamodules.tasks.spec import TaskSpec
 from pipeline.finetune.baselines import fit_linear
 from pipeline.pretrain.probe import Probe
 from tests.conftest import run_pretrain

@@ -21,7 +21,7 @@ KINDS = {"bert": "wordpiece", "gpt": "bpe"}
 
 @functools.cache
 def _tokenizer_json(kind: str) -> str:
-    from datamodules.corpus import EmbeddedCorpus
+    from datamodules.corpora.corpus import EmbeddedCorpus
 
     docs = list(itertools.islice(EmbeddedCorpus().documents(), 30))  # as the small_docs fixture
     return train_tokenizer(kind, batched(docs), vocab_size=1000).to_str()

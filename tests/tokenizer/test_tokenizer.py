@@ -292,7 +292,7 @@ def test_a_vocabulary_short_of_the_asked_size_is_warned_when_trained_and_when_re
 def test_a_same_size_edit_with_the_mtime_restored_retrains_the_tokenizer(tmp_path):
     """The tokenizer cache is keyed by the corpus fingerprint, which hashes small files
     (`data.change_detection=auto`); identified by stat, the edit goes unnoticed."""
-    from datamodules.corpus import TextFilesCorpus
+    from datamodules.corpora.corpus import TextFilesCorpus
 
     path = tmp_path / "corpus.txt"
     spec = TokenizerSpec(kind="bpe", vocab_size=300)
