@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 import torch
 
+import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT, which loading asks for)
 from bench.common import (
     REPO,
     SHARED,

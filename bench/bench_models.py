@@ -62,7 +62,8 @@ from models import (
     masked_positions_from_labels,
     pretraining_loss,
 )
-from models.hf import bert_hf_config, llama_hf_config
+from models.hf_bert import bert_hf_config
+from models.hf_llama import llama_hf_config
 from pipeline.training.precision import native_bf16_flags
 
 MASK_DRAWS = 4  # BERT masks cycled through, one per step
@@ -83,7 +84,8 @@ SIZES = {
 @dataclass
 class Case:
     """One model pair: a step function per implementation, the tokens each step sees, and the
-    shared config and shape (for FLOPs)."""
+    shared config and shape (for FLOPs); `predicted_fraction`: the share of tokens its output
+    head runs on (`models.flops.flops_per_token`)."""
 
     name: str
     tokens: int
@@ -91,13 +93,13 @@ class Case:
     config: BertConfig | GPTConfig
     seq_len: int
     batch: int
+    predicted_fraction: float = 1.0
 
 
 def useful_flops_per_token(case: Case) -> float:
     """Training FLOPs per token that any implementation of the case's model must do
     (`models.flops.flops_per_token`: 6 N + attention, BERT's MLM head on the masked 15%)."""
-    mlm_fraction = MLM_FRACTION if isinstance(case.config, BertConfig) else 1.0
-    return flops_per_token(case.config, case.seq_len, mlm_fraction=mlm_fraction)
+    return flops_per_token(case.config, case.seq_len, predicted_fraction=case.predicted_fraction)
 
 
 def default_matmul_n(device: torch.device) -> int:
@@ -254,6 +256,7 @@ def bert_case(
         config=c,
         seq_len=T,
         batch=B,
+        predicted_fraction=MLM_FRACTION,
     )
 
 

@@ -95,7 +95,8 @@ def build_model(family: str, model_config, device: torch.device) -> torch.nn.Mod
     """The transformers model of `model_config`'s architecture, with transformers' own init."""
     import transformers
 
-    from models.hf import bert_hf_config, llama_hf_config
+    from models.hf_bert import bert_hf_config
+    from models.hf_llama import llama_hf_config
 
     if family == "bert":
         config = transformers.BertConfig(

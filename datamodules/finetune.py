@@ -70,8 +70,9 @@ from datamodules.tasks.batches import (
     PairedSplit,
 )
 from datamodules.tasks.files import read_examples, task_examples
+from datamodules.tasks.labels import LabelMap, build_label_map
 from datamodules.tasks.long_text import chunk_document, truncate
-from datamodules.tasks.spec import Example, LabelMap, TaskDataError, TaskSpec, build_label_map
+from datamodules.tasks.spec import Example, TaskDataError, TaskSpec
 from tokenizer import TEMPLATE_BY_KIND, InputTemplate, special_ids, tokenizer_kind
 
 log = logging.getLogger(__name__)

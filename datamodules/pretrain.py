@@ -9,8 +9,8 @@
 - `check_documents` (which `make pretrain` calls before the run writes anything) builds the
   training store and checks that its documents make the run's splits: a corpus too small for
   the run fails there, saying how many documents it needs, why, and the settings that fix it.
-- Batches are described in `datamodules.objectives.batches`; each rank reads a disjoint share
-  (`datamodules.objectives.sharding`).
+- Batches are the objective's (`Objective.make_batches`, `datamodules.objectives.batches`);
+  each rank reads a disjoint share (`datamodules.objectives.sharding`).
 - `state_dict()` records the position (phase, epoch, optimizer steps done in the epoch), the
   seed that, with the position, determines every batch, and the fingerprint of the text read
   (`datamodules.stores.resume_text`); Lightning saves it in checkpoints.
@@ -43,31 +43,18 @@ from tokenizers import Tokenizer
 
 from datamodules.corpora.corpus import DataSetupError
 from datamodules.corpora.mixture import MixtureCorpus
-from datamodules.objectives.batches import (
-    TRAIN,
-    VAL,
-    BatchMaker,
-    EpochBatches,
-    StepBatches,
-    require_pairs,
-    require_window,
-    too_few_documents,
+from datamodules.objectives.batches import TRAIN, VAL, BatchMaker, EpochBatches, StepBatches
+from datamodules.objectives.loaders import BatchLoader, PositionLoader
+from datamodules.objectives.mixed import InterleavedBatches, MixtureBatches, mixture_batches
+from datamodules.objectives.objective import Objective, Phase, phase_plan
+from datamodules.objectives.position import (
+    STATE_VERSION,
+    batches_key,
+    check_same_batches,
+    restored_phase,
 )
-from datamodules.objectives.loaders import BatchLoader, PositionLoader, _keep
-from datamodules.objectives.mixed import InterleavedBatches, MixtureBatches
-from datamodules.objectives.objective import (
-    CausalLMObjective,
-    MaskedLMObjective,
-    Objective,
-    Phase,
-    phase_plan,
-)
-from datamodules.objectives.sharding import (
-    EpochSampler,
-    TooFewDocuments,
-    process_place,
-    split_documents,
-)
+from datamodules.objectives.sharding import EpochSampler, process_place
+from datamodules.objectives.splits import RunDocuments
 from datamodules.run_stores import RunStores, corpora_of, prepare_stores, store_settings
 from datamodules.stores.build import open_or_build_store
 from datamodules.stores.resume_text import sources_changed, store_fingerprints
@@ -77,8 +64,6 @@ from tokenizer import SpecialIds
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
-
 
 class PretrainDataModule(L.LightningDataModule):
     """Token stores, NSP/MLM or packed batches, validation split, sharding and resume.
@@ -86,7 +71,7 @@ class PretrainDataModule(L.LightningDataModule):
     Args:
         corpus: training corpus (`datamodules.corpora.corpus`).
         tokenizer: the run's tokenizer (`tokenizer.get_tokenizer`).
-        objective: `MaskedLMObjective` (BERT) or `CausalLMObjective` (GPT).
+        objective: the run's `Objective` (its stores, batches and splits).
         cache_dir: root of the caches; stores go to `<cache_dir>/token_stores/<key>/`.
         seed: data seed (>= 0): validation split, epoch orders, NSP pairs and masks.
         val_fraction: share of documents held out for validation when no `val_corpus` is
@@ -179,10 +164,17 @@ class PretrainDataModule(L.LightningDataModule):
                 num_workers=num_workers,
                 val_fraction=val_fraction if val_corpus is None else 0.0,
                 block_mb=shuffle_buffer_mb,
-                pairs=self._pairs,
             )
         self.stores = RunStores(
             tokenizer, self.settings, cache_dir, self.mixture, chunk_mb, wait_timeout_s
+        )
+        self.documents = RunDocuments(
+            self.stores,
+            corpora_of(corpus),
+            val_corpus,
+            self.phases[0].objective,
+            val_fraction,
+            seed,
         )
         self.store: TokenStore | None = None
         self.train_documents = self.val_documents = np.empty(0, dtype=np.int64)
@@ -247,17 +239,8 @@ class PretrainDataModule(L.LightningDataModule):
         if self.stream is not None:
             self._setup_stream(shard, builder)
             return
-        splits = []  # per source: (store, training documents, validation store, documents)
-        for corpus in corpora_of(self.corpus):
-            train_store = self.stores.open(corpus, builder)
-            if self.val_corpus is not None:
-                val_store = self.stores.open(self.val_corpus, builder)
-                train_docs = np.arange(train_store.num_documents)
-                val_docs = np.arange(val_store.num_documents)
-            else:
-                val_store = train_store
-                train_docs, val_docs = self._split(train_store, world_size, corpus)
-            splits.append((train_store, train_docs, val_store, val_docs))
+        # per source: (store, training documents, validation store, documents)
+        splits = self.documents.splits(world_size, builder)
         self.store, self.train_documents, _, self.val_documents = splits[0]
         self.source_splits = [(store, docs) for store, docs, _, _ in splits]
         first = self.phases[0].objective
@@ -324,10 +307,7 @@ class PretrainDataModule(L.LightningDataModule):
             "phase": self.phase,
             "epoch": epoch,
             "step": step,
-            "seed": self.seed,
-            "world_size": self.train_set.world_size if self.train_set else None,
-            "batches_per_epoch": len(self.train_set) if self.train_set else None,
-            "micro_batches": self.micro_batches,
+            **batches_key(self.train_set, self.seed, self.micro_batches),
             **({"mixture": self.mixture.spec()} if self.mixture else {}),
             "corpus": store_fingerprints(self.source_splits, self.source_names),
         }
@@ -349,13 +329,6 @@ class PretrainDataModule(L.LightningDataModule):
 
     # helpers ---------------------------------------------------------------------------------
 
-    @property
-    def _pairs(self) -> bool:
-        return (
-            isinstance(self.objective, MaskedLMObjective)
-            and self.objective.next_sentence_prediction
-        )
-
     def check_documents(self, world_size: int = 1) -> None:
         """Build (or reuse) the training store and check that its documents make the run's
         splits, as `setup` will (from document lengths only: cheap), so that a corpus too small
@@ -368,18 +341,7 @@ class PretrainDataModule(L.LightningDataModule):
             self.stream.setup(0, world_size, validate=self.val_corpus is None)
             self.stream.first_step()
             return
-        if self.val_corpus is not None:
-            return
-        for corpus in corpora_of(self.corpus):
-            store = self.stores.open(corpus, may_build=True)
-            train_docs, _ = self._split(store, world_size, corpus)
-            with self.stores.naming(corpus):
-                if self._pairs:
-                    require_pairs(TRAIN, np.diff(store.doc_sentences)[train_docs])
-                if isinstance(self.objective, CausalLMObjective):
-                    tokens = int(np.diff(store.doc_offsets)[train_docs].sum())
-                    for phase in self.phases:
-                        require_window(TRAIN, tokens, phase.objective.seq_len)
+        self.documents.check(world_size, [phase.objective for phase in self.phases])
 
     def training_documents(self, world_size: int = 1) -> Iterator[np.ndarray]:
         """The token ids of every training document, in store order, the validation documents
@@ -390,13 +352,7 @@ class PretrainDataModule(L.LightningDataModule):
         if self.stream is not None:
             yield from self.stream.training_documents(world_size)
             return
-        for corpus in corpora_of(self.corpus):
-            store = self.stores.open(corpus, may_build=True)
-            if self.val_corpus is not None:
-                documents = np.arange(store.num_documents)
-            else:
-                documents, _ = self._split(store, world_size, corpus)
-            yield from (store.document(int(i)) for i in documents)
+        yield from self.documents.training(world_size)
 
     def train_document_tokens(self) -> Iterator[np.ndarray]:
         """The token ids of this run's training documents, after `setup` (every source's)."""
@@ -421,16 +377,7 @@ class PretrainDataModule(L.LightningDataModule):
         sources = [
             self.make_batches(st, docs, objective, **whole) for st, docs in self.source_splits
         ]
-        per_epoch = self.mixture.items_per_epoch([s.plan.num_items for s in sources])
-        for name, count, source in zip(self.source_names, per_epoch, sources, strict=True):
-            log.info(
-                "source %s: %d of its %d sequences per mixture epoch (%.3g epochs of it)",
-                name,
-                count,
-                source.plan.num_items,
-                count / source.plan.num_items,
-            )
-        return MixtureBatches(sources, per_epoch, self.special.pad, objective.batch_size, **shard)
+        return mixture_batches(sources, self.mixture, self.source_names, self.special.pad, shard)
 
     def _setup_stream(self, shard: dict[str, Any], builder: bool) -> None:
         """A streamed run's stream and validation batches (held out, or val_corpus's)."""
@@ -442,35 +389,6 @@ class PretrainDataModule(L.LightningDataModule):
             val = {"split": VAL, "shuffle": False, **shard}
             self.val_set = self.make_batches(val_store, self.val_documents, self.objective, **val)
         self.train_sets = [self.stream.dataset]
-
-    def _split(self, store: TokenStore, world_size: int, corpus) -> tuple[np.ndarray, np.ndarray]:
-        """(training, validation) documents of `store`, when there is no validation corpus."""
-        need = 2 if self._pairs else 1
-        window = 0 if self._pairs else world_size * self.phases[0].objective.seq_len + 1
-        lengths = np.diff(store.doc_offsets)
-        try:
-            return split_documents(
-                lengths,
-                self.val_fraction,
-                self.seed,
-                min_val=need,
-                min_val_tokens=window,
-                min_train=need,
-            )
-        except TooFewDocuments as err:
-            total = int(lengths.sum())
-            message = too_few_documents(
-                err,
-                total,
-                window,
-                corpus.describe(),
-                pairs=self._pairs,
-                causal=isinstance(self.objective, CausalLMObjective),
-                val_fraction=self.val_fraction,
-                seq_len=self.phases[0].objective.seq_len,
-            )
-            with self.stores.naming(corpus):
-                raise DataSetupError(message) from None
 
     def _steps_done(self) -> int | None:
         """Optimizer steps the run has made (None outside a Trainer's fit)."""
@@ -492,22 +410,10 @@ class PretrainDataModule(L.LightningDataModule):
             None if end is None or done is None else sampler.next_position()[1] + end - done
         )
 
-    def _loader_for(
-        self, dataset: EpochBatches, sampler: EpochSampler, cls: type[BatchLoader] = BatchLoader
-    ) -> BatchLoader:
-        loader = cls(
-            dataset,
-            sampler=sampler,
-            batch_size=None,  # the dataset's items are whole batches
-            collate_fn=_keep,
-            num_workers=self.num_workers,
-            persistent_workers=self.persistent_workers,
-            # Its own generator: creating an iterator would otherwise draw from the global
-            # torch RNG (which dropout uses) at a point a resumed run cannot reproduce.
-            generator=torch.Generator().manual_seed(self.seed),
-        )
-        loader.pin = self.pin_memory and torch.cuda.is_available()
-        return loader
+    def _loader_for(self, dataset, sampler: EpochSampler, cls=BatchLoader) -> BatchLoader:
+        pin = self.pin_memory and torch.cuda.is_available()
+        workers = {"num_workers": self.num_workers, "persistent_workers": self.persistent_workers}
+        return cls.over(dataset, sampler, seed=self.seed, pin=pin, **workers)
 
     def position(self) -> tuple[int, int]:
         """(epoch, optimizer steps of it consumed by training; a stream's count all its steps)."""
@@ -528,30 +434,11 @@ class PretrainDataModule(L.LightningDataModule):
 
     def _apply(self, state: dict[str, Any]) -> None:
         self._pending = None
-        phase = int(state.get("phase", 0))  # checkpoints from before phases have none
-        if not 0 <= phase < len(self.phases):
-            raise DataSetupError(
-                f"cannot resume the data position: the checkpoint is in objective phase {phase}, "
-                f"this run has {len(self.phases)} phase(s). Resume with the same objective.phases"
-            )
-        self.phase = phase
+        self.phase = restored_phase(state, len(self.phases))
         now = store_fingerprints(self.source_splits, self.source_names)
         if refusal := sources_changed(state, self.corpus, now):
             raise DataSetupError(refusal)
-        expected = {
-            "seed": self.seed,
-            "world_size": self.train_set.world_size,
-            "batches_per_epoch": len(self.train_set),
-            "micro_batches": self.micro_batches,
-        }
-        for key, value in expected.items():
-            if state.get(key, 1 if key == "micro_batches" else None) != value:
-                raise DataSetupError(
-                    f"cannot resume the data position exactly: the checkpoint has {key}="
-                    f"{state.get(key)!r}, this run {value!r}. Resume with the same data seed, "
-                    "corpus, objective (batch size, seq_len), gradient accumulation and number "
-                    "of processes, or start the data from the beginning"
-                )
+        check_same_batches(state, batches_key(self.train_set, self.seed, self.micro_batches))
         self._sampler.resume(int(state["epoch"]), int(state["step"]))
         where = (self.phase, state["epoch"], state["step"])
         log.info("data position restored: phase %d, epoch %d, step %d", *where)

@@ -13,26 +13,16 @@ import torch
 from tokenizers import Tokenizer
 
 from datamodules.corpora.mixture import MixtureCorpus
-from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective, Objective
+from datamodules.objectives.objective import Objective
 from datamodules.stores.build import open_or_build_store, store_path
 from datamodules.stores.parallel import build_in_parallel
 from datamodules.stores.store import StoreSettings, StoreStats, TokenStore
-from tokenizer import special_ids, tokenizer_kind
 
 
 def store_settings(objective: Objective, tokenizer: Tokenizer) -> StoreSettings:
-    """What the objective needs in a store: sentences for NSP, EOS separators for packing."""
-    special = special_ids(tokenizer)
-    if isinstance(objective, MaskedLMObjective):
-        if (kind := tokenizer_kind(tokenizer)) != "wordpiece":
-            raise ValueError(
-                f"the masked-LM objective needs a wordpiece tokenizer ([CLS], [SEP], [MASK]), "
-                f"got a {kind} tokenizer; use tokenizer=wordpiece"
-            )
-        return StoreSettings(sentences=True)
-    if isinstance(objective, CausalLMObjective):
-        return StoreSettings(sentences=False, eos_id=special.document_separator)
-    raise TypeError(f"unknown objective {type(objective).__name__}")
+    """The layout of a run's stores: what its objective needs of them (sentences for NSP,
+    separators for packing: `Objective.store_settings`)."""
+    return objective.store_settings(tokenizer)
 
 
 def prepare_stores(

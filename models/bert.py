@@ -1,5 +1,5 @@
 """BERT encoder (Devlin et al. 2019) with its pre-training heads, laid out so that published
-checkpoints map one to one (see `models/hf.py`).
+checkpoints map one to one (see `models/hf_bert.py`).
 
 Shapes: B batch, T tokens, D width, H heads, E head size, F feed-forward width, V vocabulary,
 N masked positions (flattened over the batch), P masked positions per row.
@@ -15,12 +15,15 @@ B x T tokens; at seq 128 and V = 30522 that skips most of the head's cost.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.config import BertConfig
+from models.hf_bert import BertMapping
+from models.hf_mapping import HFMapping
 from models.layers import attention, fused_linear, merge_heads, split_heads
 
 __all__ = [
@@ -133,6 +136,8 @@ class BertModelOutput:
 class BertModel(nn.Module):
     """Embeddings, `n_layers` post-LN blocks and the [CLS] pooler."""
 
+    hf_mapping: ClassVar[HFMapping] = BertMapping(with_heads=False)  # HF BertModel
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
@@ -244,6 +249,8 @@ class BertPreTrainingOutput:
 
 class BertForPreTraining(nn.Module):
     """`BertModel` plus the MLM head (decoder tied to the word embeddings, own bias) and NSP."""
+
+    hf_mapping: ClassVar[HFMapping] = BertMapping(with_heads=True)  # HF BertForPreTraining
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()

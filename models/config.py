@@ -1,4 +1,5 @@
-"""Architecture hyperparameters of the two model families, validated on construction.
+"""Architecture hyperparameters of the two model families, validated on construction; each also
+says where its parameters run (`param_counts`, which `models.flops` counts FLOPs from).
 
 Both dataclasses are what `conf/model/*.yaml` instantiates (`_target_: models.config.BertConfig`), so an
 invalid value fails while the config is being checked, before any data or tokenizer work starts. Every
@@ -13,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
+
+from models.flops import ParamCounts
 
 
 def _require_positive(config: object, *names: str) -> None:
@@ -152,6 +155,20 @@ class BertConfig(_Presets):
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def param_counts(self) -> ParamCounts:
+        """`BertForPreTraining`'s parameters by where they run (`models.flops`): the MLM head
+        and its decoder (tied to the word embedding) at the masked positions, the pooler and
+        NSP head once per sequence."""
+        D, F, V = self.d_model, self.d_ff, self.vocab_size
+        layer = (4 * D * D + 4 * D) + (2 * D * F + F + D) + 2 * 2 * D  # attn, ffn, 2 LayerNorms
+        return ParamCounts(
+            embedding=(V + self.max_seq_len + self.type_vocab_size) * D,
+            body=2 * D + self.n_layers * layer,  # + embedding LayerNorm
+            head=(D * D + D) + 2 * D + V,  # transform dense, LayerNorm, output bias
+            per_sequence=(D * D + D) + (2 * D + 2),  # pooler, NSP
+            tied_output=V * D,
+        )
+
 
 @dataclass
 class GPTConfig(_Presets):
@@ -236,3 +253,16 @@ class GPTConfig(_Presets):
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    def param_counts(self) -> ParamCounts:
+        """`GPT`'s parameters by where they run (`models.flops`): the output layer, tied to
+        the token embedding or not, on every position."""
+        D, E, output = self.d_model, self.head_dim, self.vocab_size * self.d_model
+        attn = D * (self.n_heads + 2 * self.n_kv_heads) * E + self.n_heads * E * D
+        mlp = 3 * D * self.d_ff
+        return ParamCounts(
+            embedding=output,
+            body=self.n_layers * (attn + mlp + 2 * D) + D,  # + RMSNorm gains
+            head=0 if self.tie_embeddings else output,
+            tied_output=output if self.tie_embeddings else 0,
+        )

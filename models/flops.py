@@ -11,72 +11,89 @@ FLOPs per token for training follow PaLM (appendix B) and nanoGPT's `estimate_mf
 - 12 L H E T is the attention score and value matmuls (QK^T and AV, 2 x 2 FLOPs each per
   key, x 3 for training) at context T.
 
-For BERT trained with the gathered MLM head, the head (transform + decoder + bias) runs on a
-fraction of the tokens only: pass `mlm_fraction` (0.15 for the standard recipe). The pooler and
-NSP head run once per sequence and are counted per token as 1/T of their size.
+What differs between families is where their parameters sit, which each config class says
+in `param_counts()` (a `ParamCounts`); the arithmetic here is shared. A model whose output
+head runs on some positions only (BERT trained with the gathered MLM head) passes
+`predicted_fraction` (0.15 for the standard recipe); parameters that run once per sequence
+(BERT's pooler and NSP head) are counted per token as 1/T of their size.
 """
 
 from __future__ import annotations
 
-from models.config import BertConfig, GPTConfig
+from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["flops_per_token", "param_count"]
-
-
-def _gpt_params(c: GPTConfig) -> dict[str, int]:
-    E = c.head_dim
-    attn = c.d_model * (c.n_heads + 2 * c.n_kv_heads) * E + c.n_heads * E * c.d_model
-    mlp = 3 * c.d_model * c.d_ff
-    body = c.n_layers * (attn + mlp + 2 * c.d_model) + c.d_model  # + RMSNorm gains
-    return {
-        "embedding": c.vocab_size * c.d_model,
-        "body": body,
-        "output": 0 if c.tie_embeddings else c.vocab_size * c.d_model,
-    }
+__all__ = ["CountsParameters", "ParamCounts", "flops_per_token", "param_count"]
 
 
-def _bert_params(c: BertConfig) -> dict[str, int]:
-    D, F, V = c.d_model, c.d_ff, c.vocab_size
-    layer = (4 * D * D + 4 * D) + (2 * D * F + F + D) + 2 * 2 * D  # attn, ffn, 2 LayerNorms
-    return {
-        "embedding": (V + c.max_seq_len + c.type_vocab_size) * D,
-        "body": 2 * D + c.n_layers * layer,  # + embedding LayerNorm
-        "pooler_nsp": (D * D + D) + (2 * D + 2),
-        "mlm_head": (D * D + D) + 2 * D + V,  # transform dense, LayerNorm, output bias
-    }
+@dataclass(frozen=True)
+class ParamCounts:
+    """A model's trainable parameters, in the groups its FLOPs per token are counted by.
+
+    Attributes:
+        embedding: lookup tables (token, and for BERT position and token type): no matmul.
+        body: multiplied by every token (blocks, norms).
+        head: multiplied at the predicted positions only (the output layer when it is not
+            tied, and any transform and bias before or on it).
+        per_sequence: multiplied once per sequence (BERT's pooler and NSP head).
+        tied_output: an output layer that shares the embedding's weight: counted once among
+            the parameters (in `embedding`), but multiplied at the predicted positions.
+    """
+
+    embedding: int
+    body: int
+    head: int = 0
+    per_sequence: int = 0
+    tied_output: int = 0
+
+    def total(self, *, embeddings: bool = True) -> int:
+        """Trainable parameters, tied weights once; without the lookup tables if not
+        `embeddings` (an untied output layer stays in)."""
+        return (self.embedding if embeddings else 0) + self.body + self.head + self.per_sequence
+
+    def matmul_per_token(self, seq_len: int, predicted_fraction: float) -> float:
+        """N_matmul: the parameters one token multiplies, at context `seq_len`."""
+        predicted = predicted_fraction * (self.head + self.tied_output)
+        return self.body + self.per_sequence / seq_len + predicted
 
 
-def param_count(config: BertConfig | GPTConfig, *, embeddings: bool = True) -> int:
+class CountsParameters(Protocol):
+    """A family's config that FLOPs can be counted for (`BertConfig`, `GPTConfig`)."""
+
+    n_layers: int
+    n_heads: int
+    max_seq_len: int
+
+    @property
+    def head_dim(self) -> int: ...
+
+    def param_counts(self) -> ParamCounts: ...
+
+
+def param_count(config: CountsParameters, *, embeddings: bool = True) -> int:
     """Trainable parameters of the pre-training model (`BertForPreTraining` / `GPT`).
 
     Tied weights count once. With `embeddings=False`, the lookup tables (token, and for BERT
     position and token type) are left out; an untied GPT output layer stays in.
     """
-    parts = _gpt_params(config) if isinstance(config, GPTConfig) else _bert_params(config)
-    return sum(v for k, v in parts.items() if embeddings or k != "embedding")
+    return config.param_counts().total(embeddings=embeddings)
 
 
 def flops_per_token(
-    config: BertConfig | GPTConfig, seq_len: int | None = None, *, mlm_fraction: float = 1.0
+    config: CountsParameters, seq_len: int | None = None, *, predicted_fraction: float = 1.0
 ) -> float:
     """Training FLOPs (forward + backward) per input token.
 
     Args:
         config: model config.
         seq_len: context T (defaults to `config.max_seq_len`).
-        mlm_fraction: BERT only: share of tokens the MLM head runs on (1.0 for the full-sequence
-            path, ~0.15 for the gathered training path).
+        predicted_fraction: share of tokens the output head runs on (1.0 when every position
+            is predicted, as in GPT or BERT's full-sequence path; ~0.15 for BERT's gathered
+            training path).
 
     Returns:
         FLOPs per token; multiply by tokens/s and divide by the device peak for MFU.
     """
     T = seq_len or config.max_seq_len
     attention = 12 * config.n_layers * config.n_heads * config.head_dim * T
-    if isinstance(config, GPTConfig):
-        p = _gpt_params(config)
-        n_matmul = p["body"] + p["output"] + (p["embedding"] if config.tie_embeddings else 0)
-        return 6 * n_matmul + attention
-    p = _bert_params(config)
-    decoder = config.vocab_size * config.d_model  # tied to the word embedding
-    n_matmul = p["body"] + p["pooler_nsp"] / T + mlm_fraction * (p["mlm_head"] + decoder)
-    return 6 * n_matmul + attention
+    return 6 * config.param_counts().matmul_per_token(T, predicted_fraction) + attention

@@ -20,12 +20,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.config import GPTConfig
+from models.hf_llama import LlamaMapping
+from models.hf_mapping import HFMapping
 from models.layers import (
     SwiGLU,
     apply_rotary,
@@ -332,6 +335,8 @@ class GPTOutput:
 
 class GPT(nn.Module):
     """Causal language model: `GPTModel` plus an output layer (tied to the embedding by default)."""
+
+    hf_mapping: ClassVar[HFMapping] = LlamaMapping()  # HF LlamaForCausalLM
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()

@@ -12,7 +12,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT, which tests ask for)
 from pipeline.run.launcher import register_resolvers
+from tests.in_process import run_module
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -56,25 +58,45 @@ CLI_ENV = {
 }
 
 
-def run_pretrain(
-    tmp_path: Path,
-    *overrides: str,
-    timeout: float = 600,
+def run_command(
+    module: str,
+    *args: str,
     env: dict | None = None,
+    cwd: Path = REPO,
+    timeout: float = 600,
     stdin=None,
-    entry: str = "pipeline.commands.pretrain",
-):
-    """Run the pretraining CLI (`entry`) to completion (environment `env`, default `CLI_ENV`;
-    `stdin`, a file descriptor, default the test's); returns the CompletedProcess."""
+    process: bool = False,
+) -> subprocess.CompletedProcess:
+    """`python -m module *args` to completion in `cwd`, with exactly the environment `env`
+    (default `CLI_ENV`). A command of `pipeline.commands` runs in this process
+    (`tests.in_process`, seconds faster) unless the test is about the process itself:
+    `process=True`, a `stdin` (a file descriptor) to give it, or a module of the tests (which
+    patch the library for the run, e.g. a fake clock) start a Python of its own, stopped after
+    `timeout` seconds."""
+    env = CLI_ENV if env is None else env
+    if not process and stdin is None and module.startswith("pipeline.commands."):
+        return run_module(module, args, env=env, cwd=cwd)
     return subprocess.run(
-        pretrain_command(tmp_path, *overrides, entry=entry),
-        cwd=REPO,
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=CLI_ENV if env is None else env,
+        env=env,
         stdin=stdin,
     )
+
+
+def run_pretrain(
+    tmp_path: Path,
+    *overrides: str,
+    entry: str = "pipeline.commands.pretrain",
+    **how,
+) -> subprocess.CompletedProcess:
+    """Run the pretraining CLI (`entry`) with caches and outputs under tmp_path (`run_command`
+    says where it runs; `how`: its keyword arguments)."""
+    command = pretrain_command(tmp_path, *overrides, entry=entry)
+    return run_command(entry, *command[3:], **how)
 
 
 class ListCorpus:

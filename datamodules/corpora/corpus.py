@@ -2,10 +2,8 @@
 
 Every corpus yields documents as strings (paragraphs separated by "\\n") one at a time, so nothing
 ever holds the whole corpus in memory, and has a `fingerprint()` that changes whenever its content or
-reading settings change (it keys the tokenizer and token-store caches). Every field of a corpus is
-in its fingerprint unless declared `_NOT_IN_KEY` with the reason, so a new setting keys the caches
-without anyone remembering to add it (`data.errors` was once forgotten, and a cache built with
-`errors=replace` was reused by an `errors=skip` run).
+reading settings change (it keys the tokenizer and token-store caches): every field of a corpus is
+in it unless declared `_NOT_IN_KEY` with the reason (`datamodules.corpora.fingerprint`).
 
 Sources:
 - `EmbeddedCorpus`: the English documentation prose that CPython ships (`pydoc_data.topics`), on
@@ -18,46 +16,38 @@ Sources:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import glob as globlib
 import gzip
-import hashlib
 import json
 import logging
 import os
 import re
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
+
+from datamodules.corpora.fingerprint import (
+    _KEY_WHEN_SET,
+    _NOT_IN_KEY,
+    ChangeDetection,
+    _files_key,
+    _fingerprint,
+)
 
 log = logging.getLogger(__name__)
 
 DocSplit = Literal["file", "blank_line", "wikitext"]
 HFDocSplit = Literal["record", "wikitext"]
 Errors = Literal["strict", "replace", "skip"]
-ChangeDetection = Literal["auto", "content", "stat"]
 _WIKITEXT_ARTICLE = re.compile(r"^ = [^=].* = $")
-# Field metadata key of the settings that cannot change the documents read, mapped to the reason;
-# every other field is part of the fingerprint (`_fingerprint`).
-_NOT_IN_KEY = "not_in_key"
-# Field metadata key of settings added after corpora were cached: in the key only when set, so
-# that the caches of corpora read without them keep their keys.
-_KEY_WHEN_SET = "key_when_set"
 _PATHS_REASON = "resolved to files, whose path, size and content (or mtime) are in it"
 _CHANGE_REASON = (
     "it decides how a file is identified, not what is read; the identity it picks (a digest or "
     "an mtime) is in the fingerprint, and leaving the setting out keeps a `stat` key what it was "
     "before the setting existed, so the caches of corpora identified by stat are not rebuilt"
 )
-# `change_detection=auto` hashes the files' bytes while they total at most this, else stats
-# them. `_file_digest` (sha256) reads 1.1-1.6 GB/s on one core of the shared 2-core AMD EPYC
-# development machine, from the page cache (blake2b 0.8-1.0, md5 0.5; a 256 MiB file timed in
-# 1, 4 and 8 MiB chunks, Nov 2026): about a second per process at this size, once per run
-# (`digests`). A cold read from disk is slower, at the disk's speed.
-AUTO_CONTENT_LIMIT = 1 << 30
-_HASH_CHUNK = 4 << 20
 
 
 class DataSetupError(ValueError):
@@ -69,25 +59,6 @@ class CorpusError(ValueError):
     """Bad corpus input: the message names the file or setting and the fix."""
 
 
-def _hash(*parts: object) -> str:
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(json.dumps(part, sort_keys=True, default=str).encode())
-    return digest.hexdigest()[:16]
-
-
-def _fingerprint(corpus: object, content: object) -> str:
-    """The fingerprint of `corpus`: its type, every field not declared `_NOT_IN_KEY`, and
-    `content`, what identifies the text read (file stats, a dataset fingerprint, ...)."""
-    settings = {
-        f.name: getattr(corpus, f.name)
-        for f in fields(corpus)
-        if _NOT_IN_KEY not in f.metadata
-        and not (f.metadata.get(_KEY_WHEN_SET) and getattr(corpus, f.name) is None)
-    }
-    return _hash(type(corpus).__name__, settings, content)
-
-
 def _check_choice(key: str, value: object, choices: Any) -> None:
     """Raise a CorpusError naming `key` unless `value` is one of the `Literal` type `choices`."""
     allowed = get_args(choices)
@@ -95,43 +66,6 @@ def _check_choice(key: str, value: object, choices: Any) -> None:
         raise CorpusError(
             f"{key}={value!r} is not one of {', '.join(allowed)}; e.g. {key}={allowed[0]}"
         )
-
-
-def _files_key(
-    paths: list[str], mode: ChangeDetection = "auto", digests: dict | None = None
-) -> list[list]:
-    """What identifies the content of `paths`, in reading order: each file's absolute path and
-    size, and a sha256 digest of its bytes (`mode="content"`) or its modification time
-    (`"stat"`; an edit that keeps the size and restores the mtime, as `cp -p` or `rsync -t`
-    of a changed file does, goes unnoticed). `"auto"` hashes while the files total at most
-    `AUTO_CONTENT_LIMIT` bytes. `digests` memoizes digests by file stat, so that the several
-    fingerprints a run takes read each file once."""
-    digests = {} if digests is None else digests
-    stats = [os.stat(path) for path in paths]
-    if mode == "auto":
-        mode = "content" if sum(st.st_size for st in stats) <= AUTO_CONTENT_LIMIT else "stat"
-    keys: list[list] = []
-    for path, st in zip(paths, stats, strict=True):
-        identity: int | str = st.st_mtime_ns
-        if mode == "content":
-            # any write or utime changes the ctime; the inode tells a replaced file apart
-            memo = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-            if memo not in digests:
-                digests[memo] = _file_digest(path)
-            identity = digests[memo]
-        keys.append([os.path.abspath(path), st.st_size, identity])
-    return keys
-
-
-def _file_digest(path: str) -> str:
-    """sha256 of a file's bytes (as stored: a .gz file's compressed bytes)."""
-    digest = hashlib.sha256()
-    buffer = bytearray(_HASH_CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
-        while size := handle.readinto(buffer):
-            digest.update(view[:size])
-    return digest.hexdigest()
 
 
 def _resolve_paths(patterns: str | Iterable[str], what: str) -> list[str]:
@@ -344,9 +278,9 @@ class ParquetCorpus:
         text_field: the column holding the text.
         batch_rows: rows read at a time.
         change_detection: as in `TextFilesCorpus`.
-        row_groups: read only these row groups of each file (None: all). `file_pieces` cuts
-            a file of several row groups into one piece per group this way, so that parallel
-            builds and streaming readers share out a large file.
+        row_groups: read only these row groups of each file (None: all). `file_pieces`
+            (`datamodules.corpora.pieces`) cuts a file of several row groups into one piece per
+            group this way, so that parallel builds and streaming readers share out a large file.
     """
 
     paths: list[str] | str = field(default_factory=list, metadata={_NOT_IN_KEY: _PATHS_REASON})
@@ -399,24 +333,6 @@ class ParquetCorpus:
     def describe(self) -> str:
         groups = "" if self.row_groups is None else f", row group(s) {self.row_groups}"
         return f"{len(self.files)} Parquet file(s), column {self.text_field!r}{groups}"
-
-    def row_group_pieces(self) -> list[tuple[ParquetCorpus, int]]:
-        """(this corpus reading one row group of one file, the group's bytes) for every row
-        group, in reading order."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pieces = []
-        for path in self.files:
-            try:
-                metadata = pq.ParquetFile(path).metadata
-            except pa.ArrowException as err:
-                raise CorpusError(f"{path}: not a readable Parquet file ({err})") from None
-            for group in self.row_groups or range(metadata.num_row_groups):
-                size = metadata.row_group(group).total_byte_size
-                one = dataclasses.replace(self, paths=[globlib.escape(path)], row_groups=[group])
-                pieces.append((one, size))
-        return pieces
 
 
 @dataclass
@@ -515,20 +431,3 @@ class ConcatCorpus:
 
     def describe(self) -> str:
         return " + ".join(part.describe() for part in self.parts)
-
-
-def file_pieces(corpus) -> list[tuple[Any, int]]:
-    """(corpus of one file, its size in bytes) for each file of `corpus` in reading order (for
-    Parquet, each row group of each file): their documents one after another are the corpus's. A corpus not read from files (embedded, a
-    Hugging Face dataset, GLUE texts) is one piece of unknown size (counted as 1 MB)."""
-    if isinstance(corpus, ConcatCorpus):
-        return [piece for part in corpus.parts for piece in file_pieces(part)]
-    if isinstance(corpus, ParquetCorpus):
-        return corpus.row_group_pieces()
-    files = getattr(corpus, "files", None)
-    if not files or len(files) == 1:
-        return [(corpus, sum(os.path.getsize(f) for f in files) if files else 1 << 20)]
-    # the path as a glob that matches just that file, whatever characters its name holds
-    return [
-        (dataclasses.replace(corpus, paths=[globlib.escape(f)]), os.path.getsize(f)) for f in files
-    ]

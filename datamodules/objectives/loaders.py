@@ -55,6 +55,23 @@ class BatchLoader(DataLoader):
         kwargs.setdefault("worker_init_fn", functools.partial(die_with_parent, os.getpid()))
         super().__init__(*args, **kwargs)
 
+    @classmethod
+    def over(cls, dataset, sampler, *, seed: int, pin: bool, **workers: Any) -> BatchLoader:
+        """A loader of `dataset`'s items (whole batches) in `sampler`'s order; `workers`: the
+        DataLoader's `num_workers` and `persistent_workers`."""
+        loader = cls(
+            dataset,
+            sampler=sampler,
+            batch_size=None,  # the dataset's items are whole batches
+            collate_fn=_keep,
+            # Its own generator: creating an iterator would otherwise draw from the global
+            # torch RNG (which dropout uses) at a point a resumed run cannot reproduce.
+            generator=torch.Generator().manual_seed(seed),
+            **workers,
+        )
+        loader.pin = pin
+        return loader
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for item in super().__iter__():
             yield from self.tensors(item)

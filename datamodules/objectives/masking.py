@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 from tokenizers import Tokenizer
 
-from datamodules.objectives.objective import MaskedLMObjective
 from tokenizer import SpecialIds
 
 
@@ -27,7 +26,8 @@ class MLMMasker:
     """Chooses and replaces the tokens to predict.
 
     Args:
-        objective: masking settings (probabilities, cap, whole-word masking).
+        objective: masking settings (a `MaskedLMObjective`: probabilities, cap, whole-word
+            masking).
         special: the tokenizer's special ids (mask id and the ids never chosen).
         vocab_size: tokenizer vocabulary size.
         continuation: (V,) True for word pieces that continue a word ("##..."); needed for
@@ -36,7 +36,7 @@ class MLMMasker:
 
     def __init__(
         self,
-        objective: MaskedLMObjective,
+        objective,
         special: SpecialIds,
         vocab_size: int,
         continuation: np.ndarray | None = None,

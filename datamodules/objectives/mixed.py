@@ -5,10 +5,15 @@ batch (`MixtureBatches`), and validation batches taken in turn from each source
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import numpy as np
 from torch.utils.data import Dataset
 
 from datamodules.objectives.batches import EpochBatches, merge_batches
+
+log = logging.getLogger(__name__)
 
 VAL_SOURCE = "val_source"  # key of a validation batch's source index (a 0-d array)
 
@@ -99,6 +104,25 @@ class MixtureBatches(EpochBatches):
             }
             for s, name in enumerate(names)
         }
+
+
+def mixture_batches(
+    sources: list[EpochBatches], mixture, names: list[str], pad_id: int, shard: dict[str, Any]
+) -> MixtureBatches:
+    """One rank's training batches of a mixture (`MixtureCorpus`) of the sources' batches of
+    one phase (unsharded), each source giving its share of every mixture epoch
+    (`MixtureCorpus.items_per_epoch`, logged per source name); `shard`: `EpochBatches`'s
+    keywords but the batch size, which is the sources'."""
+    per_epoch = mixture.items_per_epoch([s.plan.num_items for s in sources])
+    for name, count, source in zip(names, per_epoch, sources, strict=True):
+        log.info(
+            "source %s: %d of its %d sequences per mixture epoch (%.3g epochs of it)",
+            name,
+            count,
+            source.plan.num_items,
+            count / source.plan.num_items,
+        )
+    return MixtureBatches(sources, per_epoch, pad_id, sources[0].batch_size, **shard)
 
 
 class InterleavedBatches(Dataset):

@@ -13,13 +13,29 @@ predictions, the last 10% at 512 tokens with 80):
 
 Each phase is the objective with its overrides (`share`: its part of `trainer.max_steps`; the
 shares add up to 1). `phase_plan` turns them into step ranges.
+
+What differs between objectives in the data path (how a corpus is stored, how batches are made,
+what a validation split needs, how a stream is cut, how many passes are too many) is behaviour
+of the objective classes (`Objective`): nothing else in `datamodules/` or `pipeline/` asks which
+objective a run has, besides the family registry that pairs a model with its objective.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from datamodules.objectives.batches import VAL, BatchMaker, EpochBatches
+from datamodules.objectives.bert_batches import BertBatches, require_pairs, too_few_for_pairs
+from datamodules.objectives.gpt_batches import GPTBatches, require_window, too_little_for_a_window
+from datamodules.objectives.masking import MLMMasker
+from datamodules.objectives.splits import Shortage
+from datamodules.stores.store import StoreSettings, TokenStore
+from tokenizer import special_ids, tokenizer_kind
 
 
 def _check_fraction(name: str, value: float, *, open_low: bool = False) -> None:
@@ -34,8 +50,89 @@ def _check_positive(name: str, value: int) -> None:
         raise ValueError(f"objective.{name} must be a positive integer, got {value!r}")
 
 
+class Objective:
+    """A pretraining objective: its settings, and all that the data path does differently for
+    it. A new objective subclasses this as a dataclass with at least the fields
+
+        seq_len: tokens of the longest item (special tokens included).
+        batch_size: items per batch (per device).
+        phases: consecutive shares of the run's steps with other settings (module docstring),
+            checked in `__post_init__` by `self.phases = check_phases(self)`.
+
+    and implements `store_settings` and `make_batches`. The other members have defaults that
+    fit an objective whose items are built document by document and need nothing of a split
+    but one document.
+
+    Attributes:
+        many_passes: the most passes over its training text a run is not warned about
+            (`pipeline.pretrain.passes`); None: no limit.
+        run_settings: fields that hold for the whole run, which a phase may not change.
+        packed: its items are the consecutive windows of `seq_len` + 1 tokens (one more
+            target) of the split's documents packed into one stream, each ended by the
+            store's `eos_id` (`packing.PackedStream`): a streamed run then cuts its blocks into
+            whole windows and carries the tokens short of a step into the next block, instead
+            of making items of each block's documents (`datamodules.streaming.read`).
+    """
+
+    seq_len: int
+    batch_size: int
+    phases: list[dict[str, Any]] | None
+
+    many_passes: ClassVar[float | None] = None
+    run_settings: ClassVar[tuple[str, ...]] = ()
+    packed: ClassVar[bool] = False
+
+    def store_settings(self, tokenizer: Tokenizer) -> StoreSettings:
+        """What the objective needs in a token store made with `tokenizer` (sentence offsets, a
+        separator after every document); part of the store's cache key.
+
+        Raises:
+            ValueError: a tokenizer the objective cannot use, naming the one that fits.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not say what it needs in a token store: implement "
+            "store_settings (datamodules.objectives.objective.Objective)"
+        )
+
+    def make_batches(
+        self, store: TokenStore, documents: np.ndarray, maker: BatchMaker, **shard: Any
+    ) -> EpochBatches:
+        """`store`'s `documents` (one split) as this objective's batches; `maker` holds the
+        tokenizer's tables (special ids, vocabulary size, bytes per token); `shard`: the
+        keywords of `EpochBatches` (split, shuffle, rank, world_size, seed). The batches'
+        `loss_counts` name what the family's LightningModule's loss terms average over.
+
+        Raises:
+            DataSetupError: the documents make no item (as `check_split` says).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not say how its batches are made: implement "
+            "make_batches (datamodules.objectives.objective.Objective)"
+        )
+
+    @property
+    def documents_per_split(self) -> int:
+        """The fewest documents a training or validation split may have."""
+        return 1
+
+    def validation_tokens(self, world_size: int) -> int:
+        """The fewest tokens the validation documents held out of a corpus must hold, for a
+        run of `world_size` processes (`split_store`, and a stream's held-out documents)."""
+        return 0
+
+    def check_split(self, split: int, store: TokenStore, documents: np.ndarray) -> None:
+        """Raise `DataSetupError` unless `store`'s `documents` make at least one item of
+        `split` (TRAIN or VAL), from their lengths only (cheap): what `make_batches` would
+        find, said before a run writes anything."""
+
+    def too_few_documents(self, short: Shortage) -> str | None:
+        """What to say when a corpus is too few for this objective's splits (`short`), when
+        the objective is the reason; None: the general message (`splits.validation_too_few`)."""
+        return None
+
+
 @dataclass
-class MaskedLMObjective:
+class MaskedLMObjective(Objective):
     """BERT: masked language modelling plus next-sentence prediction.
 
     Attributes:
@@ -78,11 +175,47 @@ class MaskedLMObjective:
                 "objective.mask_replace_prob + objective.random_replace_prob must be <= 1, got "
                 f"{self.mask_replace_prob} + {self.random_replace_prob}"
             )
-        self.phases = _check_phases(self)
+        self.phases = check_phases(self)
+
+    # New masks each pass make a pass repeat less; BERT itself was trained for about 40.
+    many_passes: ClassVar[float] = 40.0
+    # NSP decides the validation split and whether the model trains its NSP head
+    run_settings: ClassVar[tuple[str, ...]] = ("next_sentence_prediction",)
+
+    def store_settings(self, tokenizer: Tokenizer) -> StoreSettings:
+        if (kind := tokenizer_kind(tokenizer)) != "wordpiece":
+            raise ValueError(
+                f"the masked-LM objective needs a wordpiece tokenizer ([CLS], [SEP], [MASK]), "
+                f"got a {kind} tokenizer; use tokenizer=wordpiece"
+            )
+        return StoreSettings(sentences=True)  # NSP pairs sentences
+
+    def make_batches(
+        self, store: TokenStore, documents: np.ndarray, maker: BatchMaker, **shard: Any
+    ) -> EpochBatches:
+        continuation = maker.continuation if self.whole_word_masking else None
+        masker = MLMMasker(self, maker.special, maker.vocab_size, continuation)
+        return BertBatches(store, documents, self, masker, maker.special, **shard)
+
+    @property
+    def documents_per_split(self) -> int:
+        # half of the NSP pairs take their second sentence from another document
+        return 2 if self.next_sentence_prediction else 1
+
+    def validation_tokens(self, world_size: int) -> int:
+        # pairs hold 2 documents out; single segments a window's text for every process
+        return 0 if self.next_sentence_prediction else world_size * self.seq_len + 1
+
+    def check_split(self, split: int, store: TokenStore, documents: np.ndarray) -> None:
+        if self.next_sentence_prediction:
+            require_pairs(split, np.diff(store.doc_sentences)[documents])
+
+    def too_few_documents(self, short: Shortage) -> str | None:
+        return too_few_for_pairs(short) if self.next_sentence_prediction else None
 
 
 @dataclass
-class CausalLMObjective:
+class CausalLMObjective(Objective):
     """GPT: next-token prediction on packed windows.
 
     Attributes:
@@ -100,10 +233,31 @@ class CausalLMObjective:
     def __post_init__(self) -> None:
         _check_positive("seq_len", self.seq_len)
         _check_positive("batch_size", self.batch_size)
-        self.phases = _check_phases(self)
+        self.phases = check_phases(self)
 
+    # Muennighoff et al. 2023: up to about 4 passes are almost as good as new text
+    many_passes: ClassVar[float] = 4.0
+    packed: ClassVar[bool] = True
 
-Objective = MaskedLMObjective | CausalLMObjective
+    def store_settings(self, tokenizer: Tokenizer) -> StoreSettings:
+        return StoreSettings(sentences=False, eos_id=special_ids(tokenizer).document_separator)
+
+    def make_batches(
+        self, store: TokenStore, documents: np.ndarray, maker: BatchMaker, **shard: Any
+    ) -> EpochBatches:
+        # validation batches count the bytes of text they predict (for bits per byte)
+        counts = maker.token_bytes if shard["split"] == VAL else None
+        return GPTBatches(store, documents, self, token_bytes=counts, **shard)
+
+    def validation_tokens(self, world_size: int) -> int:
+        return world_size * self.seq_len + 1  # a window (and its last target) per process
+
+    def check_split(self, split: int, store: TokenStore, documents: np.ndarray) -> None:
+        require_window(split, int(np.diff(store.doc_offsets)[documents].sum()), self.seq_len)
+
+    def too_few_documents(self, short: Shortage) -> str | None:
+        return too_little_for_a_window(short, self.seq_len)
+
 
 SHARE = "share"
 
@@ -119,15 +273,11 @@ class Phase:
     objective: Objective
 
 
-def _check_phases(objective: Objective) -> list[dict[str, Any]] | None:
+def check_phases(objective: Objective) -> list[dict[str, Any]] | None:
     """The phases as plain dicts, each checked by building its objective; shares add up to 1."""
     if not objective.phases:
         return None
-    # NSP decides the validation split and whether the model trains its NSP head: one setting
-    fields = {f.name for f in dataclasses.fields(objective)} - {
-        "phases",
-        "next_sentence_prediction",
-    }
+    fields = {f.name for f in dataclasses.fields(objective)} - {"phases", *objective.run_settings}
     phases = [dict(phase) for phase in objective.phases]
     for number, phase in enumerate(phases):
         unknown = sorted(set(phase) - fields - {SHARE})

@@ -7,7 +7,7 @@
 The corpus is cut into `ranks x workers` parts (`corpus_parts`): contiguous runs of its files
 (of a Parquet file's row groups), balanced by size, so that the parts' documents one after another are the corpus's documents in
 order. Rank r builds parts r, r + R, r + 2R, ... (R ranks), each into a part store of its own
-(the ordinary builder, `store_build.build_store`) under `<store>.parts/<N>-<how the files were
+(the ordinary builder, `datamodules.stores.build.build_store`) under `<store>.parts/<N>-<how the files were
 cut>/`, one process per part, at most `workers` at once (a fresh interpreter each, with its
 share of the cores for the tokenizer's threads). Rank 0 then waits for every part and joins them (`join_parts`) into the store one process would have built: the token
 files are the parts' files one after another, the offsets shifted; so the same bytes, and the same
@@ -48,7 +48,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from datamodules.corpora.corpus import ConcatCorpus, CorpusError, file_pieces
+from datamodules.corpora.corpus import ConcatCorpus, CorpusError
+from datamodules.corpora.pieces import file_pieces
 from datamodules.stores.build import (
     StoreWriter,
     build_store,

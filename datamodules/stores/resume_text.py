@@ -4,7 +4,7 @@ text.
 A position (epoch, step, a stream's readers) means something only in the text it counted: a
 source edited in place (two paragraphs swapped: the same size, the same number of batches) would
 resume "exactly" into other sentences. So every data position saves the corpus fingerprint of
-what it read (`datamodules.corpora.corpus`: the files' content, or their size and time with
+what it read (`datamodules.corpora.fingerprint`: the files' content, or their size and time with
 `change_detection=stat`, and every setting that changes what is read), and a resume compares it
 before anything else, whether the text came from a token store (one corpus or a mixture's
 sources) or from a stream.

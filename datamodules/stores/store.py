@@ -1,9 +1,9 @@
 """The token store: a corpus tokenized once into flat arrays on disk, memory-mapped for reading.
 
 A store lives in `<cache_dir>/token_stores/<key>/`, where the key hashes everything its content
-depends on: the corpus fingerprint (every reading setting, `datamodules.corpora.corpus`), the tokenizer
-(its full JSON, and the `tokenizers` version that encodes with it), the store settings and
-`STORE_FORMAT`, which is bumped whenever the code that reads, splits or encodes changes what a
+depends on: the corpus fingerprint (every reading setting, `datamodules.corpora.fingerprint`), the
+tokenizer (its full JSON, and the `tokenizers` version that encodes with it), the store settings
+and `STORE_FORMAT`, which is bumped whenever the code that reads, splits or encodes changes what a
 store holds. Objective settings that only shape batches (seq_len, batch size, masking) are not in
 it: stores are shared by every run over the same tokens. Files:
 

@@ -20,11 +20,12 @@ import torch
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from datamodules.corpora.corpus import DataSetupError, file_pieces
+from datamodules.corpora.corpus import DataSetupError
 from datamodules.corpora.mixture import MixtureCorpus
-from datamodules.objectives.loaders import ResumableLoader, _keep
-from datamodules.objectives.objective import CausalLMObjective, Objective
-from datamodules.stores.build import BlockEncoder
+from datamodules.corpora.pieces import file_pieces
+from datamodules.objectives.loaders import ResumableLoader
+from datamodules.objectives.objective import Objective
+from datamodules.stores.encoding import BlockEncoder
 from datamodules.stores.resume_text import text_changed
 from datamodules.stores.store import StoreSettings
 from datamodules.streaming.read import (
@@ -138,7 +139,6 @@ class StreamedData:
         num_workers: loader workers per rank (each a reader).
         val_fraction: share of the first file's documents held out for validation.
         block_mb: text per block, the shuffle buffer (`StreamBatches`).
-        pairs: BERT with next-sentence prediction (validation needs 2 documents).
     """
 
     def __init__(
@@ -153,7 +153,6 @@ class StreamedData:
         num_workers: int,
         val_fraction: float,
         block_mb: float,
-        pairs: bool,
     ) -> None:
         self.corpus = corpus
         self.tokenizer = tokenizer
@@ -164,7 +163,7 @@ class StreamedData:
         self.num_workers = num_workers
         self.val_fraction = val_fraction
         self.block_mb = block_mb
-        self.least = 2 if pairs else 1
+        self.least = objective.documents_per_split
         # held-out validation documents by world size: `check_documents` and `setup` both ask
         self._validation: dict[int, tuple[MemoryStore | None, int]] = {}
         self.dataset: StreamBatches | None = None
@@ -210,15 +209,15 @@ class StreamedData:
         return val_store
 
     def validation_documents(self, world_size: int) -> tuple[MemoryStore | None, int]:
-        """The first file's first documents, tokenized (GPT: at least a window for every one
-        of `world_size` ranks), and how many they are (read once per world size)."""
+        """The first file's first documents, tokenized (at least the objective's
+        `validation_tokens` for `world_size` ranks), and how many they are (read once per world
+        size)."""
         if world_size not in self._validation:
             self._validation[world_size] = self._hold_out(world_size)
         return self._validation[world_size]
 
     def _hold_out(self, world_size: int) -> tuple[MemoryStore | None, int]:
-        window = world_size * self.objective.seq_len + 1
-        least_tokens = window if isinstance(self.objective, CausalLMObjective) else 0
+        least_tokens = self.objective.validation_tokens(world_size)
         first = self.pieces[0]
         documents = sum(1 for _ in first.documents())
         count = held_out_count(documents, self.val_fraction, self.least)
@@ -263,17 +262,11 @@ class StreamedData:
 
     def loader(self, datamodule, pin: bool) -> StreamLoader:
         """The training loader of `datamodule` (batches pinned with `pin`)."""
-        loader = StreamLoader(
-            self.dataset,
-            batch_size=None,
-            collate_fn=_keep,
-            num_workers=self.num_workers,
-            # its own generator: creating an iterator draws from it, not from the global RNG
-            generator=torch.Generator().manual_seed(self.seed),
+        loader = StreamLoader.over(
+            self.dataset, None, seed=self.seed, pin=pin, num_workers=self.num_workers
         )
         loader.position = self.position
         loader.micro_batches = self.micro_batches
-        loader.pin = pin
         loader.datamodule = datamodule
         return loader
 

@@ -11,11 +11,13 @@ its next epoch on its own: the stream has no end (`trainer.max_steps` ends the r
 Blocks (the shuffle buffer). A reader reads documents until it holds `block_mb` MB of text (and
 at least 8 optimizer steps' worth), tokenizes them as a store build would (`BlockEncoder`: the
 same ids) and makes them into the run's items with the store's own batch code, over the block
-held in memory (`MemoryStore`): GPT windows of the packed stream, whose tokens short of a whole
-optimizer step are carried into the next block (no token is skipped); BERT NSP instances whose
-random second segments come from the block's other documents, topped up to whole steps by
-repeating the block's first instances (as an epoch of a store is). The items are shuffled
-within the block and handed out one optimizer step (its micro-batches) at a time.
+held in memory (`MemoryStore`). An objective whose items are windows of the packed stream
+(`Objective.packed`: GPT) gets whole windows, and the tokens short of a whole optimizer step
+are carried into the next block (no token is skipped); any other gets the items of the block's
+documents (BERT: NSP instances whose random second segments come from the block's other
+documents), topped up to whole steps by repeating the block's first items (as an epoch of a
+store is; its batches wrap around when `set_num_items` gives them more items than they hold,
+as `BertBatches` do). The items are shuffled within the block and handed out one optimizer step (its micro-batches) at a time.
 
 Position. A block is a pure function of where it starts (`Cursor`: the reader's epoch, unit
 and document), the tokens carried into it and the seed. Every step carries its reader's
@@ -24,7 +26,7 @@ resumed reader re-reads its block from the cursor and skips the steps already ha
 most one block is tokenized again (`datamodules.streaming.loader` keeps the states).
 
 Validation: the first documents of the first file (`held_out`), tokenized once in memory
-(`stream_loader.StreamedData.validation_documents`); readers skip them.
+(`datamodules.streaming.loader.StreamedData.validation_documents`); readers skip them.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from datamodules.corpora.corpus import CorpusError, DataSetupError
 from datamodules.objectives.batches import TRAIN, BatchMaker, StepBatches
-from datamodules.objectives.objective import CausalLMObjective, Objective
-from datamodules.stores.build import BlockEncoder, Encoded
+from datamodules.objectives.objective import Objective
+from datamodules.stores.encoding import BlockEncoder, Encoded
 from datamodules.stores.store import OFFSET_DTYPE, StoreSettings
 
 _MIN_BLOCK_STEPS = 8  # a block holds at least this many optimizer steps of text
@@ -284,7 +286,7 @@ class StreamBatches(IterableDataset):
         seed = int(np.random.default_rng(where).integers(1 << 62))
         shard = {"split": TRAIN, "shuffle": True, "seed": seed, "rank": 0, "world_size": 1}
         encoded = encoding.encode_documents(texts)
-        if isinstance(self.objective, CausalLMObjective):
+        if self.objective.packed:  # whole windows of the stream; the rest carried on
             tokens = np.concatenate([carry, encoded.ids.astype(np.int64)])
             seq_len = self.objective.seq_len
             windows = (len(tokens) - 1) // seq_len // self.per_step * self.per_step

@@ -6,7 +6,7 @@
 TSV files are read without quote handling (`csv.QUOTE_NONE`): the GLUE TSVs hold unbalanced `"`
 inside texts, which a quote-aware reader would merge into one giant field. CSV files use the
 standard CSV quoting. A UTF-8 byte order mark (MRPC has one) is dropped. The task definition
-(`TaskSpec`) and the label mapping are in `datamodules.tasks.spec`.
+(`TaskSpec`) is in `datamodules.tasks.spec`, the label mapping in `datamodules.tasks.labels`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from datamodules.corpora.corpus import _NOT_IN_KEY, CorpusError, _files_key, _fingerprint, _join
+from datamodules.corpora.corpus import CorpusError, _join
+from datamodules.corpora.fingerprint import _NOT_IN_KEY, _files_key, _fingerprint
 from datamodules.tasks.files import read_examples, task_examples
 
 

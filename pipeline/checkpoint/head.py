@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from datamodules.tasks.spec import LabelMap
+from datamodules.tasks.labels import LabelMap
 from models.heads import PAIR_SCORES, DocumentClassifier, SequenceClassifier
 
 __all__ = ["HeadSpec", "build_head", "task_backbone"]

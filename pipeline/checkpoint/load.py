@@ -365,8 +365,10 @@ def _check_vocab(path: Path, tokenizer: Tokenizer, model_vocab: int) -> None:
 
 
 def _load_hf_folder(folder: Path) -> Pretrained:
+    # any registered family's model or backbone whose class names an HF mapping
+    classes = [c for family in families() for c in (family.model_class, family.backbone_class)]
     try:
-        model = load_hf(folder)
+        model = load_hf(folder, classes)
     except (UnsupportedCheckpointError, FileNotFoundError, OSError) as err:
         raise CheckpointLoadError(f"{folder}: cannot load the HF checkpoint ({err})") from err
     except (json.JSONDecodeError, RuntimeError, KeyError) as err:

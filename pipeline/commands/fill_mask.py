@@ -11,6 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT for the registry)
 from pipeline.checkpoint.load import expect_inference, load_pretrained, require_keys, resolve_device
 from pipeline.infer.mask_filling import best_filling, fill_mask, format_guesses
 from pipeline.run.cli import entry_point, user_errors

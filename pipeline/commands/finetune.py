@@ -13,6 +13,7 @@ import math
 import hydra
 from omegaconf import DictConfig
 
+import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT for the registry)
 from pipeline.finetune.run import finetune
 from pipeline.run.cli import entry_point, user_errors
 

@@ -10,6 +10,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT for the registry)
 from pipeline.checkpoint.load import expect_inference, load_pretrained, require_keys, resolve_device
 from pipeline.infer.generation import Sampling, generate, print_samples
 from pipeline.run.cli import entry_point, user_errors

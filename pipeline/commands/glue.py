@@ -15,6 +15,7 @@ import hydra
 from hydra import compose
 from omegaconf import DictConfig
 
+import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT for the registry)
 from pipeline.run.cli import entry_point, make_command, unknown_choice, user_errors
 from pipeline.run.errors import ConfigError
 from pipeline.run.folder import first_process

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
+import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT for the registry)
 from pipeline.finetune.evaluation import predict
 from pipeline.run.cli import entry_point, user_errors
 

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from datamodules.tasks.spec import Example, TaskSpec, build_label_map
+from datamodules.tasks.labels import build_label_map
+from datamodules.tasks.spec import Example, TaskSpec
 from pipeline.finetune.metrics import task_metrics
 from pipeline.finetune.results import Scores
 

@@ -20,7 +20,8 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from datamodules.tasks.spec import LabelMap, TaskSpec
+from datamodules.tasks.labels import LabelMap
+from datamodules.tasks.spec import TaskSpec
 from pipeline.checkpoint.load import Finetuned, load_finetuned
 from pipeline.checkpoint.source import resolve_checkpoint
 from pipeline.finetune.results import Evaluation

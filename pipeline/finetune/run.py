@@ -30,7 +30,8 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from datamodules.finetune import FinetuneDataModule
-from datamodules.tasks.spec import TaskSpec, save_labels
+from datamodules.tasks.labels import save_labels
+from datamodules.tasks.spec import TaskSpec
 from models.config import ModelConfig
 from pipeline.checkpoint.head import HeadSpec, build_head
 from pipeline.checkpoint.load import load_backbone

@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
 from datamodules.finetune import FinetuneDataModule
-from datamodules.tasks.spec import LabelMap, TaskSpec
+from datamodules.tasks.labels import LabelMap
+from datamodules.tasks.spec import TaskSpec
 from models.config import ModelConfig
 from models.heads import PAIR_SCORES, POOLINGS, SequenceClassifier, default_pair_score
 from pipeline.checkpoint.head import HeadSpec

@@ -15,15 +15,10 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT, which the checks ask for)
 from datamodules.corpora.corpus import CorpusError
 from datamodules.corpora.mixture import source_keys
-from datamodules.objectives.objective import (
-    CausalLMObjective,
-    MaskedLMObjective,
-    Objective,
-    longest_seq_len,
-    phase_plan,
-)
+from datamodules.objectives.objective import Objective, longest_seq_len, phase_plan
 from datamodules.pretrain import PretrainDataModule
 from datamodules.streaming.loader import streaming_refusal
 from models.config import ModelConfig
@@ -65,7 +60,7 @@ class RunPlan:
     family: str
     model: ModelConfig
     tokenizer: TokenizerSpec
-    objective: MaskedLMObjective | CausalLMObjective
+    objective: Objective
     corpus: Any
     length: RunLength  # trainer.max_steps and trainer.budget, parsed once
 

@@ -333,7 +333,7 @@ class BertPretraining(PretrainModule):
 
     @property
     def flops_per_token(self) -> float:
-        return flops_per_token(self.model_config, mlm_fraction=0.15)
+        return flops_per_token(self.model_config, predicted_fraction=0.15)
 
     def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, int]]:
         out = self.model(

@@ -2,7 +2,7 @@
 
 A language model trained for many passes over the same text learns less and less from each,
 and may memorize the text: its held-out loss stops falling, then rises. How many passes are too
-many depends on the objective (`MANY_PASSES`):
+many depends on the objective (`Objective.many_passes`):
 
 - a causal LM (GPT) sees the same sequences again. Muennighoff et al. 2023 ("Scaling
   Data-Constrained Language Models") found up to about 4 passes almost as good as new text and
@@ -29,24 +29,10 @@ import math
 
 import lightning as L
 
-from datamodules.objectives.objective import (
-    CausalLMObjective,
-    MaskedLMObjective,
-    Objective,
-    passes_over,
-)
+from datamodules.objectives.objective import passes_over
 from pipeline.pretrain.budget import TimeBudget
 
 log = logging.getLogger(__name__)
-
-# More passes over the training text than this and the run is warned, by objective (above).
-MANY_PASSES = {CausalLMObjective: 4.0, MaskedLMObjective: 40.0}
-
-
-def many_passes(objective: Objective) -> float | None:
-    """The most passes over its training text a run of `objective` is not warned about (None:
-    an objective without a limit)."""
-    return next((limit for kind, limit in MANY_PASSES.items() if isinstance(objective, kind)), None)
 
 
 def steps_within(steps: int, passes: float, limit: float) -> int:
@@ -64,8 +50,9 @@ def many_passes_warning(
 ) -> str | None:
     """What to tell a run that plans `steps` optimizer steps, `passes` passes over its training
     `text` of `steps_per_pass` steps each (the first phase's, with `objective.phases`); None at
-    `limit` passes (`many_passes`) or fewer. The fix it offers is a step count, exact on any
-    machine; under a time budget (`budgeted`) the run then ends when it is reached."""
+    `limit` passes (the objective's `many_passes`) or fewer. The fix it offers is a step count,
+    exact on any machine; under a time budget (`budgeted`) the run then ends when it is
+    reached."""
     if passes <= limit:
         return None
     per_pass = f"{steps_per_pass:.1f}".removesuffix(".0")  # 72; a mixture's source 3.3
@@ -107,7 +94,7 @@ class ManyPassesWarning(L.Callback):
         # a stream is not counted in passes
         if self.done or not trainer.is_global_zero or data.stream is not None:
             return
-        limit = many_passes(data.objective)
+        limit = data.objective.many_passes
         if limit is None:
             return
         per_pass = [len(batches) for batches in data.step_batches]

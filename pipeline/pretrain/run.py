@@ -163,7 +163,7 @@ def assemble(
     # a run with a time budget paces its schedule by the steps the budget holds
     length = plan.length
     pace = length.pace()
-    module = family_named(plan.family).pretraining_module()(
+    module = family_named(plan.family).module_class(
         model_config,
         optimizer=instantiate(cfg.optim),
         scheduler=instantiate(cfg.schedule, pace=pace),

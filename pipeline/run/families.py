@@ -1,4 +1,4 @@
-"""The model families (BERT, GPT, and any added later): one record each, in one registry.
+"""The model-family registry: what a `Family` record holds, and the lookups every module asks.
 
 Everything the pipeline knows about a family is in its `Family` record, and every other module
 asks the registry instead of branching on a family's name or class: the config check (which
@@ -7,9 +7,14 @@ padding, the "try it next" command), checkpoints (the `model_config` entry names
 loading builds its config and model classes), fine-tuning (the backbone class a task head sits
 on) and HF folders (which family a loaded model or tokenizer belongs to).
 
-A new family is one `register(Family(...))` call: with its config dataclass, model classes,
-objective and LightningModule, the generic paths (config check, checkpoint save and load, the
-checkpoint resolver) work for it without touching any other pipeline module.
+The records hold classes, the LightningModule's among them, so they are written where all
+their classes can be imported: BERT's and GPT's in `pipeline/pretrain/families.py`, beside the
+LightningModules, above this module. The registry is filled when that module is imported:
+every command that asks the registry imports it (tests/pipeline/test_families.py checks), as
+do `tests/conftest.py` and the bench scripts that load models. A new family is one
+`register(Family(...))` call: with its config dataclass, model classes, objective and
+LightningModule, the generic paths (config check, checkpoint save and load, the checkpoint
+resolver) work for it without touching any other pipeline module.
 """
 
 from __future__ import annotations
@@ -17,15 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hydra.utils import get_object
 from torch import nn
 
-from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
-from models.bert import BertForPreTraining, BertLayer, BertModel
-from models.config import BertConfig, GPTConfig, round_up
-from models.gpt import GPT, GPTBlock, GPTModel
+from models.config import round_up
 from pipeline.run.errors import UnknownFamilyError
-from tokenizer import BPE_TEMPLATE, TEMPLATE_BY_KIND, WORDPIECE_TEMPLATE, InputTemplate
+from tokenizer import TEMPLATE_BY_KIND, InputTemplate
 
 # What a trained model can do without training, by the command that does it.
 INFERENCE = {
@@ -52,10 +53,7 @@ class Family:
         tokenizer_kind: the tokenizer it trains with ("wordpiece" or "bpe"; a tokenizer's own
             kind is `tokenizer.tokenizer_kind`).
         objective_class: the pretraining objective it trains with (`MaskedLMObjective`).
-        module_class: the LightningModule that pretrains it, or its import path
-            ("package.module.Class", like a config's `_target_`): the registry sits below the
-            LightningModules (they and everything else ask it), so it names them by path and
-            `pretraining_module()` imports the class when a run builds one.
+        module_class: the LightningModule that pretrains it (`BertPretraining`).
         vocab_multiple: embedding rows are padded to a multiple of this (fast matmuls; BERT
             keeps 1 so its exports match the tokenizer).
         try_command: the make target and free-text argument that try a trained model.
@@ -80,7 +78,7 @@ class Family:
     block_class: type[nn.Module]
     tokenizer_kind: str
     objective_class: type
-    module_class: type[Any] | str
+    module_class: type[Any]
     vocab_multiple: int
     try_command: tuple[str, str]
     hf_auto_class: str | None
@@ -97,12 +95,6 @@ class Family:
 
     def supports(self, inference: str) -> bool:
         return inference in self.inference
-
-    def pretraining_module(self) -> type[Any]:
-        """The LightningModule class that pretrains this family."""
-        if isinstance(self.module_class, str):
-            return get_object(self.module_class)
-        return self.module_class
 
     def model_vocab_size(self, tokenizer_vocab: int) -> int:
         """Embedding rows for a tokenizer of `tokenizer_vocab` tokens."""
@@ -129,9 +121,7 @@ def families() -> list[Family]:
 
 def family_named(name: object) -> Family:
     if name not in _REGISTRY:
-        raise UnknownFamilyError(
-            f"model family {name!r} is not one of {', '.join(sorted(_REGISTRY))}", name
-        )
+        raise UnknownFamilyError(f"model family {name!r} is not one of {_known()}", name)
     return _REGISTRY[name]
 
 
@@ -140,7 +130,9 @@ def family_of_config(config: object) -> Family:
     for family in _REGISTRY.values():
         if isinstance(config, family.config_class):
             return family
-    raise UnknownFamilyError(f"no model family has the config type {type(config).__name__}")
+    raise UnknownFamilyError(
+        f"no model family has the config type {type(config).__name__} (known: {_known()})"
+    )
 
 
 def family_of_target(target: str) -> Family | None:
@@ -161,41 +153,16 @@ def family_of_model(model: nn.Module) -> Family:
     for family in _REGISTRY.values():
         if isinstance(model, (family.model_class, family.backbone_class)):
             return family
-    raise UnknownFamilyError(f"no model family has the model type {type(model).__name__}")
+    raise UnknownFamilyError(
+        f"no model family has the model type {type(model).__name__} (known: {_known()})"
+    )
 
 
-register(
-    Family(
-        name="bert",
-        config_class=BertConfig,
-        model_class=BertForPreTraining,
-        backbone_class=BertModel,
-        block_class=BertLayer,
-        tokenizer_kind="wordpiece",
-        objective_class=MaskedLMObjective,
-        module_class="pipeline.pretrain.modules.BertPretraining",
-        vocab_multiple=1,
-        try_command=("fill-mask", "text=The capital of France is [MASK]."),
-        hf_auto_class="AutoModelForPreTraining",
-        output_bias=True,
-        inference=frozenset({"fill-mask"}),
-        input_template=WORDPIECE_TEMPLATE,
-    )
-)
-register(
-    Family(
-        name="gpt",
-        config_class=GPTConfig,
-        model_class=GPT,
-        backbone_class=GPTModel,
-        block_class=GPTBlock,
-        tokenizer_kind="bpe",
-        objective_class=CausalLMObjective,
-        module_class="pipeline.pretrain.modules.GPTPretraining",
-        vocab_multiple=64,
-        try_command=("generate", "prompt=The history of"),
-        hf_auto_class="AutoModelForCausalLM",
-        inference=frozenset({"generate", "score"}),
-        input_template=BPE_TEMPLATE,
-    )
-)
+def _known() -> str:
+    """The registered families, or how to register BERT's and GPT's when none is."""
+    if not _REGISTRY:
+        return (
+            "none: no family is registered in this process; import pipeline.pretrain.families "
+            "(which registers BERT and GPT) before asking the registry, as the commands do"
+        )
+    return ", ".join(sorted(_REGISTRY))

@@ -166,6 +166,8 @@ def _wait_for_owner(handle, seconds: float = 2.0) -> LockOwner | None:
 
 
 @atexit.register
-def _release_all() -> None:
+def release_all() -> None:
+    """Free every lock this process holds: at exit, and after each command a test runs in its
+    own process (`tests/in_process.py`), as the command's own process would have ended."""
     for path in list(_held):
         _held.pop(path).release()

@@ -57,7 +57,7 @@ def test_useful_flops_count_the_bert_mlm_head_on_the_masked_share_only():
     bert = bench_models.bert_case("tiny", cpu, contextlib.nullcontext)
     gpt = bench_models.gpt_case("tiny", cpu, contextlib.nullcontext)
     assert bench_models.useful_flops_per_token(bert) == pytest.approx(
-        flops_per_token(bert.config, bert.seq_len, mlm_fraction=0.15)
+        flops_per_token(bert.config, bert.seq_len, predicted_fraction=0.15)
     )
     assert bench_models.useful_flops_per_token(bert) < flops_per_token(bert.config, bert.seq_len)
     assert bench_models.useful_flops_per_token(gpt) == flops_per_token(gpt.config, gpt.seq_len)

@@ -206,9 +206,7 @@ def test_reference_losses_are_defined_as_ours(tmp_path, family):
     )
     torch.manual_seed(0)
     hf = reference_train.build_model(family, run.model_config, torch.device("cpu")).eval()
-    module = family_named(family).pretraining_module()(
-        run.model_config, optimizer=None, scheduler=None
-    )
+    module = family_named(family).module_class(run.model_config, optimizer=None, scheduler=None)
     module.model = (load_hf_bert if family == "bert" else load_hf_gpt)(hf).eval()
     batches = [b for b, _ in zip(run.datamodule.val_dataloader(), range(2), strict=False)]
     sums: dict[str, list[float]] = {}

@@ -52,7 +52,7 @@ def test_bert_hand_count():
     full = 6 * (emb_norm + layer + (pooler + nsp) / 6 + mlm + decoder) + attention
     assert flops_per_token(c) == pytest.approx(full)
     gathered = 6 * (emb_norm + layer + (pooler + nsp) / 6 + 0.15 * (mlm + decoder)) + attention
-    assert flops_per_token(c, mlm_fraction=0.15) == pytest.approx(gathered)
+    assert flops_per_token(c, predicted_fraction=0.15) == pytest.approx(gathered)
 
 
 @pytest.mark.parametrize("preset", ["tiny", "mini"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from models.hf import (
     load_hf_gpt,
     write_hf_export,
 )
+from models.hf_mapping import HFMapping
 from tests.models.oracles import hf_bert, hf_llama, padded_batch, transformers
 
 V = 1000
@@ -106,6 +109,9 @@ def test_import_from_saved_directories_and_pytorch_bin(tmp_path):
     llama = hf_llama("tiny-mqa")
     llama.save_pretrained(tmp_path / "llama")
     assert isinstance(load_hf(tmp_path / "llama"), GPT)
+    # only the classes asked for are candidates: a BERT folder is no GPT
+    with pytest.raises(UnsupportedCheckpointError, match=r"supported: LlamaForCausalLM$"):
+        load_hf(tmp_path / "st", model_classes=(GPT,))
 
 
 def _corrupt(tmp_path, edit_config=None, edit_state=None):
@@ -201,8 +207,53 @@ def test_gpt_tokenizer_export_sets_special_token_ids(tmp_path):
 
 
 def test_export_rejects_other_modules(tmp_path):
-    with pytest.raises(TypeError, match="Linear"):
+    with pytest.raises(TypeError, match="Linear.*names no HF mapping"):
         export_hf(torch.nn.Linear(2, 2), tmp_path)
+
+
+@dataclass
+class _PairConfig:
+    d_model: int = 4
+    max_seq_len: int = 8
+
+
+class _PairMapping(HFMapping):
+    """A made-up HF architecture whose one fused weight is two HF tensors."""
+
+    architecture = "PairModel"
+    model_type = "pair"
+    special_tokens: Mapping[str, tuple[str, ...]] = {"unk_token": ("<unk>",)}
+
+    def config_from_hf(self, hf_config):
+        return _PairConfig(d_model=hf_config["hidden_size"])
+
+    def hf_config(self, config):
+        return {"architectures": [self.architecture], "model_type": "pair", "hidden_size": 4}
+
+    def spec(self, config):
+        return [("proj.weight", ["up.weight", "gate.weight"])]
+
+
+class _PairModel(torch.nn.Module):
+    hf_mapping = _PairMapping()
+
+    def __init__(self, config: _PairConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.proj = torch.nn.Linear(config.d_model, 2 * config.d_model, bias=False)
+
+
+def test_a_model_class_with_its_own_mapping_exports_and_loads_with_no_edit_here(tmp_path):
+    """`models.hf` asks the model's `hf_mapping` for everything that differs by family."""
+    ours = _PairModel(_PairConfig())
+    export_hf(ours, tmp_path)
+    written = load_file(tmp_path / "model.safetensors")
+    assert torch.equal(written["up.weight"], ours.proj.weight[:4])
+    assert torch.equal(written["gate.weight"], ours.proj.weight[4:])
+    again = load_hf(tmp_path, model_classes=(_PairModel, GPT))
+    assert type(again) is _PairModel and torch.equal(again.proj.weight, ours.proj.weight)
+    with pytest.raises(UnsupportedCheckpointError, match=r"\['PairModel'\]"):
+        load_hf(tmp_path)  # not among the default classes
 
 
 def _files(folder) -> dict[str, tuple[bytes, int]]:

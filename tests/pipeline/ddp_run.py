@@ -21,8 +21,10 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 
+import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT, which this asks for)
 from datamodules.corpora.corpus import EmbeddedCorpus
-from datamodules.objectives.batches import STEP_TOTAL, BertBatches
+from datamodules.objectives.batches import STEP_TOTAL
+from datamodules.objectives.bert_batches import BertBatches
 from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
 from models.config import BertConfig, GPTConfig
@@ -158,7 +160,7 @@ def main(
         wait_timeout_s=120,
     )
     optimizer, schedule = optimizer_and_schedule(family, optim)
-    module = family_named(family).pretraining_module()(
+    module = family_named(family).module_class(
         model_config(family, tokenizer.get_vocab_size()),
         optimizer=optimizer,
         scheduler=schedule,

@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hydra.core.hydra_config import HydraConfig
 from tokenizers import Tokenizer
 
 from pipeline.run.cli import make_command, override_error, overrides_from_make, parse_makeflags
 from pipeline.run.errors import ConfigError
-from tests.conftest import REPO
+from tests.conftest import REPO, compose_pretrain, run_command
 
 TRICKY_ARGS = [
     "model=gpt",
@@ -32,14 +33,8 @@ TRICKY_ARGS = [
 
 
 def run_python(module: str, *args: str, env: dict | None = None, cwd: Path = REPO):
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=120,
-    )
+    """`python -m module *args` with this environment and `env` added (`run_command`)."""
+    return run_command(module, *args, env={**os.environ, **(env or {})}, cwd=cwd, timeout=120)
 
 
 def test_overrides_survive_real_make(tmp_path):
@@ -349,45 +344,34 @@ def test_a_quoted_path_from_the_error_works_after_make_and_python(tmp_path, smal
         assert "corpus      1 text file(s)" in pasted.stdout
 
 
-# The run folder a process of `make pretrain` would write to, as Hydra resolves it there.
-PRINT_RUN_DIR = """
-from hydra.core.hydra_config import HydraConfig
-from tests.conftest import compose_pretrain
-cfg = compose_pretrain(hydra_node=True)
-HydraConfig.instance().set_config(cfg)
-print(cfg.hydra.run.dir)
-"""
-
-
-def run_dir_of_process(env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", PRINT_RUN_DIR],
-        cwd=REPO,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+def run_dir_of_process(monkeypatch, env: dict[str, str]) -> str:
+    """The run folder a process of `make pretrain` started with `env` would write to, as Hydra
+    resolves it there (the run stamp is read from the environment alone)."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cfg = compose_pretrain(hydra_node=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        return cfg.hydra.run.dir
+    finally:
+        HydraConfig.instance().cfg = None  # as a process that has not started a run
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "slurm"])
-def test_ranks_of_one_run_share_one_folder(launcher):
+def test_ranks_of_one_run_share_one_folder(monkeypatch, launcher):
     env = {"LMPIPE_RUN_STAMP": "", "TORCHELASTIC_RUN_ID": "none"}
     env.update(
         {"WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "abc123"}
         if launcher == "torchrun"
         else {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3"}
     )
-    ranks = [run_dir_of_process({**env, "RANK": str(rank)}) for rank in range(2)]
-    folders = [p.communicate(timeout=120)[0].strip() for p in ranks]
-    assert [p.returncode for p in ranks] == [0, 0]
+    folders = [run_dir_of_process(monkeypatch, {**env, "RANK": str(rank)}) for rank in range(2)]
     name = "torchrun-abc123" if launcher == "torchrun" else "slurm-77.3"
     assert folders == [f"outputs/bert/{name}"] * 2
 
 
-def test_single_process_runs_get_a_time_stamped_folder():
-    process = run_dir_of_process({"LMPIPE_RUN_STAMP": ""})
-    folder = Path(process.communicate(timeout=120)[0].strip())
-    assert process.returncode == 0
+def test_single_process_runs_get_a_time_stamped_folder(monkeypatch):
+    folder = Path(run_dir_of_process(monkeypatch, {"LMPIPE_RUN_STAMP": ""}))
     assert folder.parent == Path("outputs/bert")
     assert folder.name[:2] == "20" and len(folder.name) == len("2026-01-01_12-00-00")
 

@@ -78,7 +78,7 @@ def reference_gradients(family: str, record: dict, micro_batches: list[dict]) ->
     cross-entropy summed over the micro-batches of both ranks, divided by the number of its
     predictions there."""
     config = (BertConfig if family == "bert" else GPTConfig)(**record["model_config"])
-    model = family_named(family).pretraining_module()(config, optimizer=None, scheduler=None).model
+    model = family_named(family).module_class(config, optimizer=None, scheduler=None).model
     model.load_state_dict(record["initial"])
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}

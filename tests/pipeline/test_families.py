@@ -4,7 +4,9 @@ pipeline module."""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from pipeline.finetune.task_module import reinitialize
 from pipeline.pretrain.checks import check_config
 from pipeline.pretrain.modules import PretrainModule
 from pipeline.pretrain.run import assemble, train
+from pipeline.run import families as registry
 from pipeline.run.errors import ConfigError, UnknownFamilyError
 from pipeline.run.families import (
     Family,
@@ -232,3 +235,54 @@ def test_a_third_family_pretrains_resumes_fine_tunes_and_evaluates_with_no_pipel
 
     scores = evaluate(compose_config("evaluate", f"ckpt={tuned_dir}", run_dir=tuned_dir))
     assert scores["dev"]["pearson"] == pytest.approx(results.final.metrics["dev"]["pearson"])
+
+
+def test_an_empty_registry_says_which_module_fills_it(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", {})
+    with pytest.raises(UnknownFamilyError, match=r"import pipeline\.pretrain\.families"):
+        family_named("bert")
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _module_file(module: str) -> Path | None:
+    base = REPO.joinpath(*module.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def _imports_of(module: str) -> set[str]:
+    """Our modules that importing `module` runs (its imports and their parent packages)."""
+    names = set()
+    for node in ast.walk(ast.parse(_module_file(module).read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    parts = [name.split(".") for name in names]
+    return {".".join(p[:i]) for p in parts for i in range(1, len(p) + 1)} - {module}
+
+
+def _imported_with(module: str) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        here = todo.pop()
+        if here not in seen and _module_file(here) is not None:
+            seen.add(here)
+            todo.extend(_imports_of(here))
+    return seen
+
+
+def test_every_command_that_asks_the_registry_fills_it_first():
+    """The records of BERT and GPT are registered by pipeline/pretrain/families.py, above the
+    registry; a command reaching the registry through a lower module (loading a checkpoint,
+    say) must import that module too, or it finds no family."""
+    asking, unfilled = [], []
+    for path in sorted((REPO / "pipeline" / "commands").glob("[!_]*.py")):
+        imported = _imported_with(f"pipeline.commands.{path.stem}")
+        if "pipeline.run.families" in imported:
+            asking.append(path.stem)
+            if "pipeline.pretrain.families" not in imported:
+                unfilled.append(path.stem)
+    assert {"pretrain", "finetune", "generate"} <= set(asking)  # the check sees the imports
+    assert unfilled == []

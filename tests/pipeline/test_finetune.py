@@ -19,7 +19,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from datamodules.tasks.spec import TaskSpec, load_labels
+from datamodules.tasks.labels import load_labels
+from datamodules.tasks.spec import TaskSpec
 from pipeline.checkpoint.load import load_backbone, load_finetuned
 from pipeline.finetune.evaluation import evaluate, predict
 from pipeline.finetune.run import finetune, split_metrics

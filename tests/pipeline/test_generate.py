@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ from pipeline.checkpoint.load import load_pretrained, require_keys
 from pipeline.infer.generation import Sampling, continue_ids, generate, prompt_ids
 from pipeline.run.cli import literal_text_overrides
 from pipeline.run.errors import ConfigError
-from tests.conftest import CONF, REPO
+from tests.conftest import CONF, REPO, run_command
 from tests.pipeline.tiny_models import write_run
 from tokenizer.special import EOT
 
@@ -144,19 +142,8 @@ def test_already_quoted_text_is_left_to_hydra():
 
 
 def run_cli(module: str, *args: str, tmp_path, env: dict | None = None, cwd=REPO):
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={
-            "PATH": "/usr/bin:/bin",
-            "HF_HUB_OFFLINE": "1",
-            "TMPDIR": str(tmp_path),
-            **(env or {}),
-        },
-    )
+    environment = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
+    return run_command(module, *args, cwd=cwd, timeout=300, env={**environment, **(env or {})})
 
 
 def test_generate_command_prints_the_samples_and_leaves_nothing(tmp_path, gpt):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from torch import nn
 from pipeline.checkpoint.load import Pretrained
 from pipeline.infer.lm_scoring import read_text, score_text
 from pipeline.run.errors import ConfigError
-from tests.conftest import CLI_ENV, REPO
+from tests.conftest import run_command
 from tests.pipeline.tiny_models import tiny_model, trained_tokenizer, write_run
 from tokenizer import batched, train_tokenizer
 from tokenizer.special import EOT
@@ -104,14 +103,7 @@ def test_a_file_that_is_missing_or_not_utf8_is_named(tmp_path):
 
 
 def run_evaluate_lm(*overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.commands.evaluate_lm", *overrides],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=CLI_ENV,
-        timeout=300,
-    )
+    return run_command("pipeline.commands.evaluate_lm", *overrides)
 
 
 def test_make_evaluate_lm_scores_a_file_and_names_bad_ones(tmp_path):

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective, phase_plan
-from pipeline.pretrain.passes import ManyPassesWarning, many_passes, many_passes_warning
+from pipeline.pretrain.passes import ManyPassesWarning, many_passes_warning
 from tests.conftest import run_pretrain, write_two_source_mixture
 
-CAUSAL = many_passes(CausalLMObjective())
+CAUSAL = CausalLMObjective().many_passes
 
 
 def test_up_to_the_limit_nothing_is_said():
@@ -25,9 +25,9 @@ def test_up_to_the_limit_nothing_is_said():
 
 def test_a_masked_lm_repeats_less_per_pass_and_gets_more_passes():
     # new masks each pass; BERT itself was trained for about 40 passes
-    assert many_passes(MaskedLMObjective()) == 40.0 and CAUSAL == 4.0
-    assert many_passes(MaskedLMObjective(next_sentence_prediction=False)) == 40.0
-    assert many_passes_warning(10.0, 300, 30, many_passes(MaskedLMObjective())) is None
+    assert MaskedLMObjective().many_passes == 40.0 and CAUSAL == 4.0
+    assert MaskedLMObjective(next_sentence_prediction=False).many_passes == 40.0
+    assert many_passes_warning(10.0, 300, 30, MaskedLMObjective().many_passes) is None
 
 
 def test_the_fix_is_the_step_count_that_holds_the_limit():

@@ -149,7 +149,7 @@ def test_an_unknown_pooling_is_a_config_error(setup):
 
 
 def test_a_head_record_round_trips_and_refuses_an_unknown_pair_score():
-    from datamodules.tasks.spec import LabelMap
+    from datamodules.tasks.labels import LabelMap
     from pipeline.checkpoint.head import HeadSpec
 
     spec = HeadSpec(

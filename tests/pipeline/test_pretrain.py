@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from tokenizers import Tokenizer
 
-from tests.conftest import CLI_ENV, REPO, run_pretrain
+from tests.conftest import run_command, run_pretrain
 
 
 @pytest.mark.parametrize("model", ["bert-tiny", "gpt-tiny"])
@@ -52,13 +50,6 @@ def test_pretrain_smoke_run_leaves_checkpoint_logs_and_hf_export(tmp_path, model
     assert (
         f"next: make {command[0].split('.')[-1].replace('_', '-')} ckpt={run_dir}" in result.stdout
     )
-    poke = subprocess.run(
-        [sys.executable, "-m", command[0], f"ckpt={run_dir}", *command[1:]],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=CLI_ENV,
-    )
+    poke = run_command(command[0], f"ckpt={run_dir}", *command[1:])
     assert poke.returncode == 0, poke.stderr[-2000:]
     assert poke.stdout.strip()

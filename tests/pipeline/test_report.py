@@ -8,8 +8,6 @@ import csv
 import json
 import re
 import struct
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from matplotlib.image import imread
 
 from pipeline.commands.report import main
 from pipeline.report import read_metrics, smooth, write_report
-from tests.conftest import CLI_ENV, REPO, run_pretrain
+from tests.conftest import run_command, run_pretrain
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SIZE = (900, 450)  # pipeline.report.FIGSIZE x DPI
@@ -114,14 +112,7 @@ def test_report_of_a_real_tiny_run(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     run_dir = tmp_path / "out" / "bert-tiny" / "r"
-    done = subprocess.run(
-        [sys.executable, "-m", "pipeline.commands.report", str(run_dir)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=CLI_ENV,
-    )
+    done = run_command("pipeline.commands.report", str(run_dir))
     assert done.returncode == 0, done.stderr
     html_path = run_dir / "report" / "report.html"
     assert f"wrote {html_path} with 6 plots" in done.stdout

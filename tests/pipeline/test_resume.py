@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from tests.conftest import (
     ListCorpus,
     compose_pretrain,
     pretrain_command,
+    run_command,
     run_pretrain,
     write_two_source_mixture,
 )
@@ -382,21 +382,7 @@ def test_killed_mixture_run_resumes_exactly_and_so_do_its_sources_counts(tmp_pat
         metric_column(reference_dir, "data/beta/sequences"),
     )
     assert abs(beta[STEPS] / (alpha[STEPS] + beta[STEPS]) - 0.3) < 0.01
-    report = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.commands.report",
-            str(run_dir),
-            "--out",
-            str(tmp_path / "r"),
-        ],
-        cwd=REPO,
-        env=CLI_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    report = run_command("pipeline.commands.report", str(run_dir), "--out", str(tmp_path / "r"))
     assert report.returncode == 0, report.stderr[-2000:]
     assert {"sources_read.png", "sources_val_loss.png"} <= {
         p.name for p in (tmp_path / "r").iterdir()

@@ -325,7 +325,7 @@ def test_a_same_size_edit_with_the_mtime_restored_changes_the_content_fingerprin
 
 def test_stat_fingerprint_is_the_one_from_before_the_setting_existed(tmp_path):
     """`change_detection` is not in the key, so caches keyed by stat are not rebuilt."""
-    from datamodules.corpora.corpus import _hash
+    from datamodules.corpora.fingerprint import _hash
 
     path = tmp_path / "a.txt"
     path.write_text("some text\n")
@@ -338,21 +338,21 @@ def test_stat_fingerprint_is_the_one_from_before_the_setting_existed(tmp_path):
 def test_auto_stats_files_beyond_the_limit_and_hashes_each_file_once_per_corpus(
     tmp_path, monkeypatch
 ):
-    import datamodules.corpora.corpus as corpus_module
+    import datamodules.corpora.fingerprint as fingerprint_module
 
     (tmp_path / "a.txt").write_text("a" * 100 + "\n")
     (tmp_path / "b.txt").write_text("b" * 100 + "\n")
     pattern = str(tmp_path / "*.txt")
     reads = []
-    digest = corpus_module._file_digest
-    monkeypatch.setattr(corpus_module, "_file_digest", lambda p: reads.append(p) or digest(p))
+    digest = fingerprint_module._file_digest
+    monkeypatch.setattr(fingerprint_module, "_file_digest", lambda p: reads.append(p) or digest(p))
     corpus = TextFilesCorpus(pattern)
     assert corpus.fingerprint() == corpus.fingerprint() == corpus.fingerprint()
     assert len(reads) == 2  # the fingerprints a run takes read each file once
     assert (
         corpus.fingerprint() == TextFilesCorpus(pattern, change_detection="content").fingerprint()
     )
-    monkeypatch.setattr(corpus_module, "AUTO_CONTENT_LIMIT", 201)  # the two files total 202
+    monkeypatch.setattr(fingerprint_module, "AUTO_CONTENT_LIMIT", 201)  # the two files total 202
     stat = TextFilesCorpus(pattern, change_detection="stat").fingerprint()
     assert TextFilesCorpus(pattern).fingerprint() == stat
 

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from datamodules.objectives.batches import TRAIN, BertBatches
+from datamodules.objectives.batches import TRAIN
+from datamodules.objectives.bert_batches import BertBatches
 from datamodules.objectives.masking import MLMMasker, continuation_table
 from datamodules.objectives.objective import MaskedLMObjective
 from tests.datamodules.helpers import all_documents

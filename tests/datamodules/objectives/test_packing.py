@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.objectives.batches import TRAIN, VAL, GPTBatches
+from datamodules.objectives.batches import TRAIN, VAL
+from datamodules.objectives.gpt_batches import GPTBatches
 from datamodules.objectives.objective import CausalLMObjective
 from datamodules.objectives.packing import PackedStream
 from models.gpt import positions_from_docs

@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
 
-from datamodules.objectives.batches import TRAIN, BertBatches, GPTBatches
+from datamodules.objectives.batches import TRAIN
+from datamodules.objectives.bert_batches import BertBatches
+from datamodules.objectives.gpt_batches import GPTBatches
 from datamodules.objectives.masking import MLMMasker
 from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.objectives.sharding import EpochSampler, ShardPlan, split_documents

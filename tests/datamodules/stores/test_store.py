@@ -11,12 +11,8 @@ from datamodules.corpora.corpus import CorpusError
 from datamodules.corpora.sentences import split_sentences
 from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.run_stores import prepare_stores, store_settings
-from datamodules.stores.build import (
-    SENTENCE_MARK,
-    _joined,
-    _splits_alike,
-    open_or_build_store,
-)
+from datamodules.stores.build import open_or_build_store
+from datamodules.stores.encoding import SENTENCE_MARK, _joined, _splits_alike
 from datamodules.stores.store import (
     DOCUMENTS,
     MANIFEST,

@@ -21,8 +21,8 @@ from datamodules.corpora.corpus import (
     EmbeddedCorpus,
     ParquetCorpus,
     TextFilesCorpus,
-    file_pieces,
 )
+from datamodules.corpora.pieces import file_pieces
 from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.run_stores import prepare_stores, store_settings
 from datamodules.stores.parallel import _partition_key, build_in_parallel, corpus_parts
@@ -250,9 +250,9 @@ def test_one_parquet_file_of_row_groups_is_built_by_two_processes_in_the_same_by
 PART_HOOK = """
 import os, signal, sys, time
 argv = getattr(sys, "orig_argv", [])
-if any("store_parallel" in a for a in argv) and any(a.endswith("part-0001") for a in argv):
-    import datamodules.stores.build as build
-    original = build._chunks
+if any("stores.parallel" in a for a in argv) and any(a.endswith("part-0001") for a in argv):
+    import datamodules.stores.encoding as encoding
+    original = encoding._chunks
 
     def _chunks(*args, **kwargs):
         if os.environ["HOOK_ACTION"] == "kill":
@@ -263,7 +263,7 @@ if any("store_parallel" in a for a in argv) and any(a.endswith("part-0001") for 
         time.sleep(300)
         yield from original(*args, **kwargs)
 
-    build._chunks = _chunks
+    encoding._chunks = _chunks
 """
 
 

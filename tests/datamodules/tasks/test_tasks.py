@@ -12,16 +12,14 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from datamodules.tasks.files import read_examples
-from datamodules.tasks.spec import (
+from datamodules.tasks.labels import (
     LabelMap,
-    TaskDataError,
-    TaskSpec,
     build_label_map,
     collect_labels,
-    label_text,
     load_labels,
     save_labels,
 )
+from datamodules.tasks.spec import TaskDataError, TaskSpec, label_text
 from tests.conftest import CONF
 
 GLUE_TASKS = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
