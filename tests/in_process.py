@@ -77,6 +77,10 @@ def _output_captured(out: io.StringIO, err: io.StringIO) -> Iterator[None]:
                 handler.setStream(theirs[id(handler.stream)])
 
 
+def _distributed_initialized() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 @contextlib.contextmanager
 def _process_state_restored() -> Iterator[None]:
     environ = dict(os.environ)
@@ -98,11 +102,14 @@ def _process_state_restored() -> Iterator[None]:
         torch.get_rng_state(),
     )
     np_state, py_state = np.random.get_state(), random.getstate()
+    distributed = _distributed_initialized()
     try:
         with warnings.catch_warnings():
             yield
     finally:
         release_all()  # the run folders' locks, which the command's exit would free
+        if not distributed and _distributed_initialized():  # rank 0 of a DDP run was here
+            torch.distributed.destroy_process_group()
         GlobalHydra.instance().clear()
         HydraConfig.instance().cfg = None  # the run's config, which Hydra leaves set
         os.environ.clear()

@@ -29,6 +29,7 @@ from pipeline.run.recipes import (
     recipes_of,
 )
 from pipeline.training.optim import build_optimizer
+from tests.composed_configs import composed_pretrain
 from tests.conftest import CONF, compose_pretrain
 from tests.pipeline.task_data import point_shipped_corpora_at
 
@@ -48,7 +49,7 @@ def reads_glue_texts(group: str, option: str) -> bool:
         return option in GLUE_TEXTS_DATA
     if group != "experiment":
         return False
-    data = compose_pretrain(f"experiment={option}").data
+    data = composed_pretrain(f"experiment={option}").data
     corpora = [data, *data.get("parts", {}).values()]
     return any(c._target_ == "datamodules.tasks.texts.TaskTextsCorpus" for c in corpora)
 
@@ -165,7 +166,7 @@ RECIPE_OF_MODEL = {
     ],
 )
 def test_model_choice_pulls_in_a_consistent_recipe(model, family, config_type, tokenizer, schedule):
-    cfg = compose_pretrain(f"model={model}")
+    cfg = composed_pretrain(f"model={model}")
     assert cfg.recipe == {"name": RECIPE_OF_MODEL[model], "family": family}
     plan = check_config(cfg)
     assert plan.family == family
@@ -178,22 +179,22 @@ def test_recipes_set_what_they_name():
     """reference: the published AdamW recipe; fast: Muon at a higher rate with a 2% warmup,
     and for BERT no dropout and the unigram output bias. Sizes set in a preset (bert-base's
     rate and warmup) stay the preset's whichever recipe is chosen."""
-    bert = compose_pretrain("model=bert", "recipe=bert-reference")
+    bert = composed_pretrain("model=bert", "recipe=bert-reference")
     assert bert.optim._target_ == "torch.optim.AdamW" and list(bert.optim.betas) == [0.9, 0.999]
     assert (bert.optim.lr, bert.schedule.warmup_ratio, bert.output_bias) == (5e-4, 0.1, "zeros")
     assert (bert.model.dropout, bert.model.attn_dropout) == (0.1, 0.1)
-    fast = compose_pretrain("model=bert", "recipe=bert-fast")
+    fast = composed_pretrain("model=bert", "recipe=bert-fast")
     assert fast.optim._target_.endswith("MuonWithAdamW")
     assert (fast.optim.lr, fast.schedule.warmup_ratio, fast.output_bias) == (2e-3, 0.02, "unigram")
     assert (fast.model.dropout, fast.model.attn_dropout) == (0.0, 0.0)
     assert fast.schedule._target_ == bert.schedule._target_
-    gpt = compose_pretrain("model=gpt", "recipe=gpt-reference")
+    gpt = composed_pretrain("model=gpt", "recipe=gpt-reference")
     assert gpt.optim._target_ == "torch.optim.AdamW" and list(gpt.optim.betas) == [0.9, 0.95]
     assert (gpt.optim.lr, gpt.schedule.warmup_ratio) == (1e-3, 0.05)
-    fast = compose_pretrain("model=gpt", "recipe=gpt-fast")
+    fast = composed_pretrain("model=gpt", "recipe=gpt-fast")
     assert fast.optim._target_.endswith("MuonWithAdamW")
     assert (fast.optim.lr, fast.schedule.warmup_ratio, fast.model.dropout) == (3e-3, 0.02, 0.0)
-    base = compose_pretrain("model=bert-base", "recipe=bert-fast")
+    base = composed_pretrain("model=bert-base", "recipe=bert-fast")
     assert (base.optim.lr, base.schedule.warmup_steps) == (1e-4, 10000)
 
 
@@ -201,10 +202,10 @@ def test_an_optimizer_chosen_after_a_recipe_trains_at_its_own_rate():
     """A rate belongs to its optimizer's file (conf/optim/muon_gpt.yaml holds the fast recipe's
     3e-3): AdamW chosen on a preset whose recipe is the fast one trains at AdamW's 1e-3, not
     at Muon's, while the recipe's schedule and regularization stay."""
-    gpt = compose_pretrain("model=gpt", "optim=adamw_gpt")
+    gpt = composed_pretrain("model=gpt", "optim=adamw_gpt")
     assert (gpt.optim._target_, gpt.optim.lr) == ("torch.optim.AdamW", 1e-3)
     assert (gpt.recipe.name, gpt.schedule.warmup_ratio) == ("gpt-fast", 0.02)
-    bert = compose_pretrain("model=bert", "optim=adamw_bert")
+    bert = composed_pretrain("model=bert", "optim=adamw_bert")
     assert (bert.optim.lr, bert.output_bias, bert.model.dropout) == (5e-4, "unigram", 0.0)
     assert bert.schedule.warmup_ratio == 0.02
 
@@ -222,9 +223,9 @@ def test_the_recipe_files_say_which_optimizer_each_trains_with():
     )
     assert optimizer_option(MUON, "toy") == "muon" and recipe_with(ADAMW, "toy") is None
     assert optimizer_class("no_such_optimizer") is None
-    plain = compose_pretrain("model=gpt", "optim=muon")  # Muon's own file, at 1e-3
+    plain = composed_pretrain("model=gpt", "optim=muon")  # Muon's own file, at 1e-3
     assert plain.optim._target_.endswith("MuonWithAdamW") and plain.optim.lr == 1e-3
-    assert compose_pretrain("model=gpt").optim.lr == 3e-3
+    assert composed_pretrain("model=gpt").optim.lr == 3e-3
 
 
 def test_a_recipe_of_the_other_family_is_refused_by_name():
@@ -234,16 +235,16 @@ def test_a_recipe_of_the_other_family_is_refused_by_name():
         (("model=gpt-124m", "recipe=bert-reference"), r"not for a gpt model"),
     ]:
         with pytest.raises(ConfigError, match=message):
-            check_config(compose_pretrain(*overrides))
-    assert check_config(compose_pretrain("model=gpt", "recipe=gpt-fast")).family == "gpt"
+            check_config(composed_pretrain(*overrides))
+    assert check_config(composed_pretrain("model=gpt", "recipe=gpt-fast")).family == "gpt"
 
 
 def test_size_presets_have_published_shapes():
-    base = check_config(compose_pretrain("model=bert-base")).model
+    base = check_config(composed_pretrain("model=bert-base")).model
     assert (base.n_layers, base.d_model, base.n_heads, base.d_ff) == (12, 768, 12, 3072)
-    gpt = check_config(compose_pretrain("model=gpt-124m")).model
+    gpt = check_config(composed_pretrain("model=gpt-124m")).model
     assert (gpt.n_layers, gpt.d_model, gpt.n_heads, gpt.max_seq_len) == (12, 768, 12, 1024)
-    small = check_config(compose_pretrain("model=bert")).model
+    small = check_config(composed_pretrain("model=bert")).model
     assert small.n_layers * small.d_model <= 4 * 256  # the CPU default stays small
 
 
@@ -264,14 +265,14 @@ PRESET_OF_OPTION = {
 def test_every_model_option_is_its_named_preset_and_every_option_is_listed():
     assert sorted(PRESET_OF_OPTION) == sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
     for option, preset in PRESET_OF_OPTION.items():
-        built = check_config(compose_pretrain(f"model={option}")).model
+        built = check_config(composed_pretrain(f"model={option}")).model
         named = type(built).from_preset(preset, vocab_size=built.vocab_size)
         for field in (*type(built).PRESETS[preset], "d_ff"):
             assert getattr(built, field) == getattr(named, field), (option, field)
 
 
 def test_default_is_bert_on_the_embedded_corpus():
-    plan = check_config(compose_pretrain())
+    plan = check_config(composed_pretrain())
     assert plan.family == "bert" and isinstance(plan.corpus, EmbeddedCorpus)
 
 

@@ -22,6 +22,7 @@ same way.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from dataclasses import dataclass
@@ -240,12 +241,29 @@ def check_command(command: Command) -> str | None:
     entry = entry_point(module)
     try:
         overrides = hydra_overrides(rest, entry)
-        with initialize_config_dir(str(CONF), version_base="1.3"):
-            compose(config_name=entry.config_name, overrides=overrides)
-    except Exception as err:  # any refusal by Hydra: the key, the option, the grammar
+    except Exception as err:  # the override grammar (a sweep's first value)
         reason = " ".join(str(err).split())
         return (
             f"{command.where()}: {command.text}\n  composing {entry.config_name} with "
-            f"{overrides if 'overrides' in locals() else rest} fails: {reason}"
+            f"{rest} fails: {reason}"
         )
+    reason = composition_error(entry.config_name, tuple(overrides))
+    if reason is not None:
+        return (
+            f"{command.where()}: {command.text}\n  composing {entry.config_name} with "
+            f"{overrides} fails: {reason}"
+        )
+    return None
+
+
+@functools.cache
+def composition_error(config_name: str, overrides: tuple[str, ...]) -> str | None:
+    """Hydra's refusal to compose `config_name` with `overrides` (None: it composes). Composed
+    once per distinct command: many pages write the same one (`make glue ckpt=<run>`), and
+    conf/ does not change while the tests run."""
+    try:
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            compose(config_name=config_name, overrides=list(overrides))
+    except Exception as err:  # any refusal by Hydra: the key, the option, the grammar
+        return " ".join(str(err).split())
     return None

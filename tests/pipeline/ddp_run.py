@@ -1,8 +1,12 @@
-"""A tiny pretraining run under Lightning DDP on 2 CPU processes (gloo), for `test_ddp.py`.
+"""Tiny pretraining runs under Lightning DDP on 2 CPU processes (gloo), for `test_ddp.py`.
 
-    python tests/pipeline/ddp_run.py FAMILY TOKENIZER_JSON CACHE_DIR OUT_DIR STEPS ACCUMULATE [muon]
+    python tests/pipeline/ddp_run.py RUNS_JSON
 
-Lightning starts rank 1 by re-running this script. Every rank writes `OUT_DIR/rank<r>.pt`:
+RUNS_JSON holds a list of runs, each a mapping of `main`'s arguments (family, tokenizer_json,
+cache_dir, out, steps, k, optim, word_vectors). Lightning starts rank 1 by re-running this
+script at the first run's `fit`; the runs after it join the same two processes and process group
+(starting a Python with torch and Lightning costs more than a tiny run), each from its own seed,
+tokenizer, cache and model. Every rank writes `OUT_DIR/rank<r>.pt` for each run:
 the weights after DDP's start-up broadcast and after training, the gradients and micro-batches
 of the first optimizer step, its token store and epoch-0 item order, and, for every batch it
 trained on: its (epoch, index) in the rank's dataset, whether the loader's batch is exactly the
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -187,5 +192,5 @@ def main(
 
 
 if __name__ == "__main__":
-    family, tokenizer_json, cache_dir, out, steps, k, optim, *rest = sys.argv[1:]
-    main(family, tokenizer_json, cache_dir, out, int(steps), int(k), optim, rest == ["vectors"])
+    for run in json.loads(Path(sys.argv[1]).read_text()):
+        main(**run)

@@ -6,6 +6,8 @@ backstop, which reads the real clock, is switched off here: on a loaded machine 
 run before the plan ends it (tests/pipeline/test_budget.py tests the backstop on real time).
 
     python -m tests.pipeline.fake_clock_pretrain trainer.budget=45s ...
+
+A test that runs the command in its own process installs the same clock with `install`.
 """
 
 import itertools
@@ -15,9 +17,16 @@ from lightning.pytorch.callbacks.timer import Timer
 
 import pipeline.pretrain.budget
 
-if __name__ == "__main__":
+
+def install(setattr=setattr) -> None:
+    """Replace the clock (ticking from 0) and switch off the backstop, with `setattr` (pytest's
+    `monkeypatch.setattr` puts them back after the test)."""
     ticks = itertools.count()
-    pipeline.pretrain.budget.clock = lambda: float(next(ticks))
-    pipeline.pretrain.budget.TimeBudget.on_train_batch_start = lambda self, *args: None
-    Timer._check_time_remaining = lambda self, trainer: None
+    setattr(pipeline.pretrain.budget, "clock", lambda: float(next(ticks)))
+    setattr(pipeline.pretrain.budget.TimeBudget, "on_train_batch_start", lambda self, *a: None)
+    setattr(Timer, "_check_time_remaining", lambda self, trainer: None)
+
+
+if __name__ == "__main__":
+    install()
     runpy.run_module("pipeline.commands.pretrain", run_name="__main__")

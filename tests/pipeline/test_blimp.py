@@ -10,8 +10,6 @@ import json
 import math
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,7 +28,8 @@ from pipeline.infer.sentence_scoring import SentenceScorer
 from pipeline.report import write_report
 from pipeline.run.errors import ConfigError, ResultsError
 from pipeline.suites.blimp import check_settings, random_twin
-from tests.conftest import CLI_ENV, REPO, run_pretrain
+from tests.conftest import CLI_ENV, REPO, run_command, run_pretrain
+from tests.pipeline.smoke_runs import copy_run, smoke_run
 from tests.pipeline.test_cli import make_repo
 from tests.pipeline.test_probe import probe_steps
 from tests.pipeline.tiny_models import tiny_model, trained_tokenizer, write_fine_tuned
@@ -325,25 +324,27 @@ def test_probe_blimp_logs_the_accuracy_and_appends_the_terms(tmp_path):
         tmp_path,
         "model=gpt-tiny",
         "debug=smoke",
-        "trainer.max_steps=12",
+        # 5 steps, a probe every 2: at the start, at two multiples and at an end that is not
+        # one, as 12 steps and every 5 would show (each step and probe costs a second or more)
+        "trainer.max_steps=5",
         "logger=csv",
         "run_name=probed",
         "probe=blimp",
         f"probe.blimp.dir={blimp}",
-        "probe.every_n_steps=5",
+        "probe.every_n_steps=2",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "out" / "gpt-tiny" / "probed"
     rows = probe_steps(run, "probe/blimp")
-    assert sorted(rows) == [0, 5, 10, 12]
+    assert sorted(rows) == [0, 2, 4, 5]
     assert all(0.0 <= float(row["probe/blimp"]) <= 100.0 for row in rows.values())
     lines = [
         json.loads(line) for line in (run / "logs" / "blimp_probe.jsonl").read_text().splitlines()
     ]
-    assert [line["step"] for line in lines] == [0, 5, 10, 12]
+    assert [line["step"] for line in lines] == [0, 2, 4, 5]
     assert set(lines[0]["terms"]) == {"determiner_noun_agreement", "island_effects"}
     assert [line["overall"] for line in lines] == [
-        float(rows[s]["probe/blimp"]) for s in (0, 5, 10, 12)
+        float(rows[s]["probe/blimp"]) for s in (0, 2, 4, 5)
     ]
 
 
@@ -402,27 +403,18 @@ def write_blimp(folder: Path, per_phenomenon: int = 2) -> Path:
 
 
 @pytest.mark.parametrize("family", ["gpt", "bert"])
-def test_evaluate_lm_suite_blimp_on_a_pretraining_run(tmp_path, family):
-    done = run_pretrain(tmp_path, f"model={family}-tiny", "debug=smoke", "run_name=r", "logger=csv")
-    assert done.returncode == 0, done.stderr[-3000:]
-    run = tmp_path / "out" / f"{family}-tiny" / "r"
+def test_evaluate_lm_suite_blimp_on_a_pretraining_run(tmp_path, tmp_path_factory, family):
+    # the session's smoke run, copied: the command writes its record into the run folder
+    model = f"{family}-tiny"
+    run = copy_run(smoke_run(tmp_path_factory, model), tmp_path / "out" / model / "r")
     blimp = write_blimp(tmp_path / "blimp")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.commands.evaluate_lm",
-            f"ckpt={run}",
-            "suite=blimp",
-            f"suite.dir={blimp}",
-            "suite.pairs=2",
-            "suite.batch_size=3",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=CLI_ENV,
+    result = run_command(
+        "pipeline.commands.evaluate_lm",
+        f"ckpt={run}",
+        "suite=blimp",
+        f"suite.dir={blimp}",
+        "suite.pairs=2",
+        "suite.batch_size=3",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((run / "blimp-pairs2.json").read_text())
@@ -449,24 +441,19 @@ def test_evaluate_lm_suite_blimp_on_a_pretraining_run(tmp_path, family):
         write_report([run], tmp_path / "report")
 
 
-def test_evaluate_lm_suite_blimp_on_a_fine_tuned_run_names_its_pretraining_run(tmp_path):
+def test_evaluate_lm_suite_blimp_on_a_fine_tuned_run_names_its_pretraining_run(
+    tmp_path, tmp_path_factory
+):
     """`make evaluate-lm suite=blimp ckpt=<a fine-tuning run>` (fine-tuned from `ckpt=out/...`,
     relative to where it ran): one short line that says it is a fine-tuned sst2 classifier and
     names the pretraining run, with the command that scores it, which runs when pasted."""
-    done = run_pretrain(tmp_path, "model=gpt-tiny", "debug=smoke", "run_name=r", "logger=csv")
-    assert done.returncode == 0, done.stderr[-3000:]
-    run = tmp_path / "out" / "gpt-tiny" / "r"
+    # the session's smoke run, copied: the pasted command writes its record into the run folder
+    run = copy_run(smoke_run(tmp_path_factory, "gpt-tiny"), tmp_path / "out" / "gpt-tiny" / "r")
     last = run / "checkpoints" / "last.ckpt"
     tuned = write_fine_tuned(tmp_path / "ft", last, "out/gpt-tiny/r", cwd=tmp_path)
     env = {"BLIMP_DIR": str(write_blimp(tmp_path / "blimp"))}
-    command = [sys.executable, "-m", "pipeline.commands.evaluate_lm", f"ckpt={tuned}"]
-    result = subprocess.run(
-        [*command, "suite=blimp"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=CLI_ENV | env,
+    result = run_command(
+        "pipeline.commands.evaluate_lm", f"ckpt={tuned}", "suite=blimp", env=CLI_ENV | env
     )
     assert result.returncode == 2, result.stderr[-3000:]
     [error] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]

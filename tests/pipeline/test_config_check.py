@@ -11,6 +11,7 @@ from pipeline.pretrain.checks import _check_setting_keys, check_config
 from pipeline.run.config_keys import check_keys
 from pipeline.run.errors import ConfigError
 from pipeline.run.launcher import register_resolvers
+from tests.composed_configs import composed_pretrain
 from tests.conftest import CONF, compose_pretrain
 
 
@@ -167,7 +168,7 @@ def test_every_config_of_the_pretraining_groups_passes_the_key_check():
                 overrides.append("model=gpt")
             if group == "recipe":  # bert-fast, gpt-reference, ...: with its family's model
                 overrides.insert(0, f"model={option.stem.split('-')[0]}")
-            _check_setting_keys(compose_pretrain(*overrides))
+            _check_setting_keys(composed_pretrain(*overrides))
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ micro-batches predict unequal numbers of tokens)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -24,7 +25,16 @@ from tests.conftest import CLI_ENV, REPO
 from tokenizer import batched, train_tokenizer
 
 SCRIPT = Path(__file__).with_name("ddp_run.py")
-TIMEOUT_S = 240  # a normal run takes ~10 s; ddp_run.py's own collective timeout is 120 s
+# The runs of this module, (family, accumulate, optim, word vectors), trained one after another
+# by one pair of DDP ranks (`ddp_records`).
+RUNS = [
+    ("bert", 2, "adamw", False),
+    ("gpt", 1, "adamw", False),
+    ("gpt", 2, "muon", False),
+    ("bert", 1, "adamw", True),
+]
+# the four runs take ~30 s on an idle machine; ddp_run.py's own collective timeout is 120 s
+TIMEOUT_S = 480
 STEPS = 4
 
 
@@ -35,25 +45,39 @@ def failure_report(output: str) -> str:
     return "\n".join(errors) + "\n--- end of output ---\n" + output[-3000:]
 
 
-def run_ddp(
-    tmp_path: Path, family: str, accumulate: int, optim: str = "adamw", vectors: bool = False
-) -> list[dict]:
-    """Train with 2 DDP ranks (`optim`: adamw or muon; `vectors`: word_vectors=ppmi); returns
-    each rank's record (see `ddp_run.py`)."""
+def run_ddp(tmp_path: Path, runs: list[tuple[str, int, str, bool]]) -> list[list[dict]]:
+    """Train each run of `runs` ((family, accumulate, optim: adamw or muon, word_vectors=ppmi
+    or not)) in turn with the same 2 DDP ranks; returns each run's records, one per rank (see
+    `ddp_run.py`)."""
     # WordPiece/BPE training is not reproducible across processes: train once, here, and let
     # both ranks load the file.
-    vocab = 2000 if family == "bert" else 1000
-    tokenizer = train_tokenizer(
-        family_named(family).tokenizer_kind, batched(EmbeddedCorpus().documents()), vocab
-    )
-    tokenizer_json = tmp_path / "tokenizer.json"
-    tokenizer.save(str(tokenizer_json))
-    out = tmp_path / "out"
-    out.mkdir()
-    args = [family, tokenizer_json, tmp_path / "cache", out, STEPS, accumulate, optim]
-    args += ["vectors"] if vectors else []
+    tokenizers = {}
+    for family in sorted({family for family, *_ in runs}):
+        vocab = 2000 if family == "bert" else 1000
+        tokenizer = train_tokenizer(
+            family_named(family).tokenizer_kind, batched(EmbeddedCorpus().documents()), vocab
+        )
+        tokenizers[family] = tmp_path / f"{family}-tokenizer.json"
+        tokenizer.save(str(tokenizers[family]))
+    settings, outs = [], []
+    for i, (family, accumulate, optim, vectors) in enumerate(runs):
+        outs.append(tmp_path / f"run{i}" / "out")
+        outs[-1].mkdir(parents=True)
+        settings.append(
+            {
+                "family": family,
+                "tokenizer_json": str(tokenizers[family]),
+                "cache_dir": str(tmp_path / f"run{i}" / "cache"),
+                "out": str(outs[-1]),
+                "steps": STEPS,
+                "k": accumulate,
+                "optim": optim,
+                "word_vectors": vectors,
+            }
+        )
+    (tmp_path / "runs.json").write_text(json.dumps(settings))
     process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *map(str, args)],
+        [sys.executable, str(SCRIPT), str(tmp_path / "runs.json")],
         cwd=REPO,
         env={**CLI_ENV, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
@@ -68,9 +92,21 @@ def run_ddp(
         output, _ = process.communicate()
         pytest.fail(f"the DDP run did not finish in {TIMEOUT_S} s:\n{failure_report(output)}")
     assert process.returncode == 0, failure_report(output)
-    missing = [rank for rank in range(2) if not (out / f"rank{rank}.pt").is_file()]
-    assert not missing, f"ranks {missing} wrote no record:\n{failure_report(output)}"
-    return [torch.load(out / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+    missing = [(i, r) for i, out in enumerate(outs) for r in range(2) if not rank_file(out, r)]
+    assert not missing, f"(run, rank) {missing} wrote no record:\n{failure_report(output)}"
+    return [[torch.load(rank_file(out, r), weights_only=True) for r in range(2)] for out in outs]
+
+
+def rank_file(out: Path, rank: int) -> Path | None:
+    path = out / f"rank{rank}.pt"
+    return path if path.is_file() else None
+
+
+@pytest.fixture(scope="module")
+def ddp_records(tmp_path_factory) -> dict[tuple[str, int, str, bool], list[dict]]:
+    """The ranks' records of every run of RUNS, trained by one launch of 2 DDP processes."""
+    tmp_path = tmp_path_factory.mktemp("ddp")
+    return dict(zip(RUNS, run_ddp(tmp_path, RUNS), strict=True))
 
 
 def reference_gradients(family: str, record: dict, micro_batches: list[dict]) -> dict:
@@ -108,8 +144,8 @@ def reference_gradients(family: str, record: dict, micro_batches: list[dict]) ->
     ("family", "accumulate", "optim"),
     [("bert", 2, "adamw"), ("gpt", 1, "adamw"), ("gpt", 2, "muon")],
 )
-def test_ddp_ranks_train_identical_weights_on_disjoint_data(tmp_path, family, accumulate, optim):
-    ranks = run_ddp(tmp_path, family, accumulate, optim)
+def test_ddp_ranks_train_identical_weights_on_disjoint_data(ddp_records, family, accumulate, optim):
+    ranks = ddp_records[(family, accumulate, optim, False)]
     first, second = ranks
     for record in ranks:
         assert (record["strategy"], record["backend"]) == ("DDPStrategy", "gloo")
@@ -154,11 +190,11 @@ def test_ddp_ranks_train_identical_weights_on_disjoint_data(tmp_path, family, ac
         )
 
 
-def test_ddp_ranks_start_from_the_same_counted_word_vectors(tmp_path):
+def test_ddp_ranks_start_from_the_same_counted_word_vectors(ddp_records):
     """word_vectors=ppmi with 2 ranks: the first counts, the others receive its vectors, and
     both replicas start from the same embedding, one whose counted rows all have the same norm
     (set_word_vectors scales each to the mean norm of the random rows), unlike a random one."""
-    first, second = run_ddp(tmp_path, "bert", 1, vectors=True)
+    first, second = ddp_records[("bert", 1, "adamw", True)]
     name = "bert.embeddings.word.weight"
     assert torch.equal(first["initial"][name], second["initial"][name])
     norms = first["initial"][name].norm(dim=1)

@@ -5,6 +5,7 @@ pipeline module."""
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,7 +252,8 @@ def _module_file(module: str) -> Path | None:
     return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
 
 
-def _imports_of(module: str) -> set[str]:
+@functools.cache  # each command's walk meets the same modules: each file is parsed once
+def _imports_of(module: str) -> frozenset[str]:
     """Our modules that importing `module` runs (its imports and their parent packages)."""
     names = set()
     for node in ast.walk(ast.parse(_module_file(module).read_text())):
@@ -260,7 +262,7 @@ def _imports_of(module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
     parts = [name.split(".") for name in names]
-    return {".".join(p[:i]) for p in parts for i in range(1, len(p) + 1)} - {module}
+    return frozenset({".".join(p[:i]) for p in parts for i in range(1, len(p) + 1)} - {module})
 
 
 def _imported_with(module: str) -> set[str]:

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,11 +93,32 @@ def run_finetune(tmp_path, ckpt, *overrides, data_dir: Path | None = None):
     return finetune(cfg), run_dir
 
 
+# One batch of 16 examples (QUICK's batch size): for tests whose checks (a setting kept, an
+# architecture, a file written) do not depend on how many steps train.
+ONE_STEP = "datamodule.max_examples=16"
+
+
+@pytest.fixture(scope="module")
+def quick_run(bert_ckpt, tmp_path_factory):
+    """`quick_run(task)`: (results, run folder) of the tiny BERT fine-tuned on a GLUE task with
+    the QUICK settings, trained once for the module on first use and shared by the tests that
+    read such a run (one that changes the folder copies it first)."""
+    runs = {}
+
+    def run(task: str):
+        if task not in runs:
+            folder = tmp_path_factory.mktemp(f"quick-{task}")
+            runs[task] = run_finetune(
+                folder, bert_ckpt, f"task={task}", data_dir=GLUE / GLUE_TASKS[task]
+            )
+        return runs[task]
+
+    return run
+
+
 @pytest.mark.parametrize("task", sorted(GLUE_TASKS))
-def test_every_glue_task_trains_and_reports_its_metrics(task, bert_ckpt, tmp_path):
-    results, run_dir = run_finetune(
-        tmp_path, bert_ckpt, f"task={task}", data_dir=GLUE / GLUE_TASKS[task]
-    )
+def test_every_glue_task_trains_and_reports_its_metrics(task, quick_run):
+    results, run_dir = quick_run(task)
     on_disk = json.loads((run_dir / "results.json").read_text())
     assert on_disk == results.to_dict()
     spec = instantiate(compose_config("finetune", f"task={task}").task)
@@ -203,7 +225,7 @@ def test_mnli_matched_and_mismatched_are_reported_apart(bert_ckpt, tmp_path):
 
 
 def test_gpt_backbone_fine_tunes_on_the_last_token(gpt_ckpt, tmp_path):
-    results, run_dir = run_finetune(tmp_path, gpt_ckpt, "task=rte", data_dir=GLUE / "RTE")
+    results, run_dir = run_finetune(tmp_path, gpt_ckpt, "task=rte", ONE_STEP, data_dir=GLUE / "RTE")
     assert 0 <= results.best.metrics["dev"]["accuracy"] <= 1
     tuned = load_finetuned(run_dir)
     assert tuned.family == "gpt" and tokenizer_kind(tuned.tokenizer) == "bpe"
@@ -212,7 +234,7 @@ def test_gpt_backbone_fine_tunes_on_the_last_token(gpt_ckpt, tmp_path):
 def test_from_scratch_keeps_the_architecture_but_not_the_weights(bert_ckpt, tmp_path):
     pretrained = load_backbone(bert_ckpt).model
     _, run_dir = run_finetune(
-        tmp_path, bert_ckpt, "task=sst2", "from_scratch=true", data_dir=GLUE / "SST-2"
+        tmp_path, bert_ckpt, "task=sst2", "from_scratch=true", ONE_STEP, data_dir=GLUE / "SST-2"
     )
     tuned = load_finetuned(run_dir).model.backbone
     assert tuned.config == pretrained.config
@@ -231,25 +253,26 @@ def test_backbone_dropout_is_a_fine_tuning_setting_kept_with_the_model(bert_ckpt
         "task=sst2",
         "backbone.dropout=0.25",
         "from_scratch=true",  # the twin takes the same setting
+        ONE_STEP,
         data_dir=GLUE / "SST-2",
     )
     tuned = load_finetuned(run_dir).model.backbone.config
     assert (tuned.dropout, tuned.attn_dropout) == (0.25, pretrained.attn_dropout)
 
 
-def test_fine_tuned_model_can_be_fine_tuned_again(bert_ckpt, tmp_path):
-    _, first = run_finetune(tmp_path / "a", bert_ckpt, "task=sst2", data_dir=GLUE / "SST-2")
+def test_fine_tuned_model_can_be_fine_tuned_again(quick_run, tmp_path):
+    _, first = quick_run("sst2")  # read only: fine-tuning it again writes elsewhere
     loaded = load_backbone(first)
     backbone = loaded.model
     tuned = load_finetuned(first).model.backbone
     assert backbone is tuned or torch.equal(next(backbone.parameters()), next(tuned.parameters()))
     assert (loaded.family, tokenizer_kind(loaded.tokenizer)) == ("bert", "wordpiece")
-    results, _ = run_finetune(tmp_path / "b", first, "task=rte", data_dir=GLUE / "RTE")
+    results, _ = run_finetune(tmp_path / "b", first, "task=rte", ONE_STEP, data_dir=GLUE / "RTE")
     assert results.backbone == str(first)
 
 
-def test_predict_writes_the_glue_submission_format(bert_ckpt, tmp_path):
-    _, run_dir = run_finetune(tmp_path, bert_ckpt, "task=rte", data_dir=GLUE / "RTE")
+def test_predict_writes_the_glue_submission_format(quick_run, tmp_path):
+    _, run_dir = quick_run("rte")
     # GLUE's test.tsv: an index column and the texts, no label
     test = tmp_path / "test.tsv"
     rows = (GLUE / "RTE" / "dev.tsv").read_text().splitlines()[:11]
@@ -270,8 +293,8 @@ def test_predict_writes_the_glue_submission_format(bert_ckpt, tmp_path):
     assert {line.split("\t")[1] for line in lines[1:]} <= {"entailment", "not_entailment"}
 
 
-def test_evaluate_refuses_a_task_with_other_labels(bert_ckpt, tmp_path):
-    _, run_dir = run_finetune(tmp_path, bert_ckpt, "task=stsb", data_dir=GLUE / "STS-B")
+def test_evaluate_refuses_a_task_with_other_labels(quick_run):
+    _, run_dir = quick_run("stsb")
     cfg = compose_config("evaluate", f"ckpt={run_dir}", "task=rte")
     with pytest.raises(ConfigError, match="does not match the model's head"):
         evaluate(cfg)
@@ -389,8 +412,9 @@ def test_long_documents_get_one_prediction_each(mode, bert_ckpt, tmp_path):
         assert float(row["p_0"]) + float(row["p_1"]) == pytest.approx(1.0, abs=1e-3)
 
 
-def test_a_finished_run_folder_is_not_reused(bert_ckpt, tmp_path):
-    run_finetune(tmp_path, bert_ckpt, "task=rte", data_dir=GLUE / "RTE")
+def test_a_finished_run_folder_is_not_reused(bert_ckpt, quick_run, tmp_path):
+    _, finished = quick_run("rte")
+    shutil.copytree(finished, tmp_path / "run")  # where run_finetune(tmp_path, ...) runs
     with pytest.raises(ConfigError, match="already holds a fine-tuning run"):
         run_finetune(tmp_path, bert_ckpt, "task=rte", data_dir=GLUE / "RTE")
 
@@ -463,12 +487,12 @@ def test_default_lr_and_epochs_follow_model_width(bert_ckpt):
 
 def test_null_epochs_train_the_widths_default(bert_ckpt, tmp_path):
     """trainer.max_epochs null (the config's default): the run trains default_epochs of its
-    model (16 examples in batches of 8: 2 steps an epoch)."""
+    model (8 examples in batches of 4: 2 steps an epoch)."""
     cfg = compose_config(
         "finetune",
         f"ckpt={bert_ckpt}",
-        "datamodule.max_examples=16",
-        "datamodule.batch_size=8",
+        "datamodule.max_examples=8",
+        "datamodule.batch_size=4",
         run_dir=tmp_path / "run",
     )
     assert cfg.trainer.max_epochs is None
@@ -523,11 +547,9 @@ def ours(folder: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sst2_run(bert_ckpt, tmp_path_factory) -> Path:
+def sst2_run(quick_run) -> Path:
     """A fine-tuned SST-2 model (48 examples read, as `datamodule.max_examples=48`)."""
-    _, run_dir = run_finetune(
-        tmp_path_factory.mktemp("sst2"), bert_ckpt, "task=sst2", data_dir=GLUE / "SST-2"
-    )
+    _, run_dir = quick_run("sst2")
     return run_dir
 
 
@@ -722,7 +744,12 @@ def test_fine_tuning_past_the_pretrained_length_warns_and_records_the_new_length
     torch.save(saved, path)
     with caplog.at_level(logging.WARNING):
         results, run_dir = run_finetune(
-            tmp_path, run, "task=rte", "datamodule.max_seq_len=64", data_dir=GLUE / "RTE"
+            tmp_path,
+            run,
+            "task=rte",
+            "datamodule.max_seq_len=64",
+            ONE_STEP,  # the positions, not the steps, are what is checked
+            data_dir=GLUE / "RTE",
         )
     warned = [r.getMessage() for r in caplog.records if "positions 32-63" in r.getMessage()]
     assert len(warned) == 1 and "sequences of up to 64 tokens" in warned[0]
@@ -735,6 +762,7 @@ def test_fine_tuning_past_the_pretrained_length_warns_and_records_the_new_length
             run_dir,
             "task=rte",
             "datamodule.max_seq_len=64",
+            ONE_STEP,
             data_dir=GLUE / "RTE",
         )
     assert not [r for r in caplog.records if "start untrained" in r.getMessage()]

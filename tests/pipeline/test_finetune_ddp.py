@@ -13,7 +13,7 @@ import torch
 
 from datamodules.tasks.batches import EpochShuffleSampler, EvalShardSampler, Repeat, with_scored
 from pipeline.run.folder import RESULTS
-from tests.conftest import CLI_ENV
+from tests.conftest import CLI_ENV, run_command
 from tests.pipeline.task_data import pair_task, write_pairs
 from tests.pipeline.test_generate import run_cli
 from tests.pipeline.tiny_models import write_run
@@ -74,7 +74,9 @@ def test_two_process_fine_tune_scores_every_dev_example_once(tmp_path):
     task = pair_task(data)
     env = {**CLI_ENV, "OMP_NUM_THREADS": "1"}
     common = ("logger=csv", f"paths.output_root={tmp_path / 'out'}", "trainer.accelerator=cpu")
-    tuned = run_cli(
+    # DDP: rank 0 in a process of its own too (Lightning starts rank 1 by running the command
+    # again), not in this one, whose torch.distributed state the run would change
+    tuned = run_command(
         "pipeline.commands.finetune",
         f"ckpt={ckpt}",
         *task,
@@ -85,8 +87,9 @@ def test_two_process_fine_tune_scores_every_dev_example_once(tmp_path):
         "trainer.max_epochs=2",
         "trainer.devices=2",
         "trainer.strategy=ddp",
-        tmp_path=tmp_path,
-        env=env,
+        env={**env, "TMPDIR": str(tmp_path)},
+        timeout=300,
+        process=True,
     )
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     assert tuned.stdout.count("best at epoch") == 1  # the first process alone prints

@@ -142,7 +142,9 @@ def test_a_job_gets_the_suite_settings_unless_the_command_line_set_them(tmp_path
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    """`python -m pipeline.commands.glue` on a tiny BERT: SST-2 and STS-B, seeds 1 and 2."""
+    """`python -m pipeline.commands.glue` on a tiny BERT on the CPU: SST-2 and STS-B, seeds 1
+    and 2. Run in this process, with the word embeddings of each backbone its fine-tunes load
+    recorded (the fifth item; see test_every_fine_tune_of_a_suite_starts_from_the_checkpoint)."""
     if not GLUE.is_dir():
         pytest.skip(f"GLUE data not found at {GLUE}")
     root = tmp_path_factory.mktemp("glue")
@@ -152,14 +154,27 @@ def suite(tmp_path_factory):
         "tasks=[sst2,stsb]",
         "seeds=2",
         *SMALL,
+        "trainer.accelerator=cpu",  # where training changes the weights in place
         "logger=csv",
         f"paths.output_root={root / 'out'}",
         "run_name=suite",
         "+trainer.enable_progress_bar=false",
     ]
-    result = run_cli("pipeline.commands.glue", *args, tmp_path=root, env={"GLUE_DIR": str(GLUE)})
+    loaded_words = []
+    load_backbone = finetuning.load_backbone
+
+    def recording(source):
+        pretrained = load_backbone(source)
+        loaded_words.append(pretrained.model.bert.embeddings.word.weight.detach().clone())
+        return pretrained
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(finetuning, "load_backbone", recording)
+        result = run_cli(
+            "pipeline.commands.glue", *args, tmp_path=root, env={"GLUE_DIR": str(GLUE)}
+        )
     assert result.returncode == 0, result.stderr[-3000:]
-    return root, root / "out" / "glue" / "suite", args, result.stdout
+    return root, root / "out" / "glue" / "suite", args, result.stdout, loaded_words
 
 
 def results_of(folder: Path, task: str, init: str) -> dict[int, FinetuneResults]:
@@ -171,7 +186,7 @@ def results_of(folder: Path, task: str, init: str) -> dict[int, FinetuneResults]
 
 @needs_glue
 def test_suite_table_pairs_the_seeds_of_both_inits(suite):
-    _, folder, _, stdout = suite
+    _, folder, _, stdout, _ = suite
     summary = json.loads((folder / "glue_summary.json").read_text())
     rows = {row["task"]: row for row in summary["rows"]}
     assert list(rows) == ["sst2", "stsb", "average"]
@@ -217,7 +232,7 @@ def test_suite_table_pairs_the_seeds_of_both_inits(suite):
 
 @needs_glue
 def test_the_twin_has_random_weights_and_the_same_tokenizer(suite):
-    root, folder, _, _ = suite
+    root, folder, _, _, _ = suite
     original = torch.load(root / "bert" / "checkpoints" / "last.ckpt", weights_only=False)
     start = original["state_dict"]["model.bert.embeddings.word.weight"]
     for init in ("pretrained", "scratch"):
@@ -242,39 +257,19 @@ def assert_started_from(tuned: dict, start: torch.Tensor, init: str) -> None:
 
 
 @needs_glue
-def test_every_fine_tune_of_a_suite_starts_from_the_checkpoint(tmp_path, monkeypatch):
+def test_every_fine_tune_of_a_suite_starts_from_the_checkpoint(suite):
     """The suite reads its checkpoint once for all its fine-tunes. Each must start from the
     checkpoint's weights, not from what the fine-tune before it trained (as happened on a CPU,
-    when the model held the read checkpoint's tensors and trained them in place)."""
-    write_run(tmp_path / "bert", "bert")
-    original = torch.load(tmp_path / "bert" / "checkpoints" / "last.ckpt", weights_only=False)
+    when the model held the read checkpoint's tensors and trained them in place). The suite
+    of the fixture (two tasks, two seeds, on the CPU) records what each fine-tune loaded."""
+    root, folder, _, _, loaded_words = suite
+    original = torch.load(root / "bert" / "checkpoints" / "last.ckpt", weights_only=False)
     start = original["state_dict"]["model.bert.embeddings.word.weight"]
-    loaded_words = []
-    load_backbone = finetuning.load_backbone
-
-    def recording(source):
-        pretrained = load_backbone(source)
-        loaded_words.append(pretrained.model.bert.embeddings.word.weight.detach().clone())
-        return pretrained
-
-    monkeypatch.setattr(finetuning, "load_backbone", recording)
-    cfg = compose_config(
-        "glue",
-        f"ckpt={tmp_path / 'bert'}",
-        "tasks=[sst2,rte]",
-        "seeds=2",
-        "trainer.accelerator=cpu",  # where training changes the weights in place
-        *SMALL,
-        run_dir=tmp_path / "s",
-    )
-    cfg.task = None
-    monkeypatch.setenv("GLUE_DIR", str(GLUE))
-    run_suite(cfg, load_task)
     assert len(loaded_words) == 8  # the twin's runs load it too, for its architecture
     for number, words in enumerate(loaded_words, start=1):
         assert torch.equal(words, start), f"fine-tune {number} of 8"
     tuned = torch.load(
-        tmp_path / "s" / "rte" / "pretrained-seed2" / "checkpoints" / "best.ckpt",
+        folder / "stsb" / "pretrained-seed2" / "checkpoints" / "best.ckpt",
         weights_only=False,
     )["state_dict"]["model.backbone.embeddings.word.weight"]
     assert not torch.equal(tuned, start)  # the fine-tunes did train the weights
@@ -282,7 +277,7 @@ def test_every_fine_tune_of_a_suite_starts_from_the_checkpoint(tmp_path, monkeyp
 
 @needs_glue
 def test_a_suite_cut_short_resumes_and_refuses_other_settings(suite, monkeypatch):
-    _, folder, args, _ = suite
+    _, folder, args, _, _ = suite
     cfg = compose_config("glue", *[a for a in args if not a.startswith("+")], run_dir=folder)
     cfg.datamodule.max_examples = 48
     monkeypatch.setenv("GLUE_DIR", str(GLUE))
@@ -304,17 +299,22 @@ def test_a_suite_cut_short_resumes_and_refuses_other_settings(suite, monkeypatch
 
 @needs_glue
 def test_report_of_a_suite_folder(suite, tmp_path):
-    _, folder, _, _ = suite
+    _, folder, _, _, _ = suite
     report = write_report([folder], out=tmp_path / "report")
     assert [p.name for p in report.plots] == ["suite_1.png"]
     page = report.html.read_text()
     assert "Downstream suite (make glue)" in page and "pretrained - scratch (95% CI)" in page
 
 
+# One step on 16 examples: the suites below check what runs from another kind of checkpoint
+# (its row, each init's tokenizer and starting weights), which more steps would not change.
+ONE_STEP = ("datamodule.max_examples=16", "datamodule.batch_size=16", "trainer.max_epochs=1")
+
+
 def one_task_suite(ckpt: Path, task: str, run_dir: Path, monkeypatch):
-    """The single row of a one-seed, one-task small suite of `ckpt` run into `run_dir`."""
+    """The single row of a one-seed, one-task one-step suite of `ckpt` run into `run_dir`."""
     cfg = compose_config(
-        "glue", f"ckpt={ckpt}", f"tasks=[{task}]", "seeds=1", *SMALL, run_dir=run_dir
+        "glue", f"ckpt={ckpt}", f"tasks=[{task}]", "seeds=1", *ONE_STEP, run_dir=run_dir
     )
     cfg.task = None
     monkeypatch.setenv("GLUE_DIR", str(GLUE))

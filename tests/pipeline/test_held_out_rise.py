@@ -11,6 +11,8 @@ import torch
 from pipeline.pretrain.run import HELD_OUT_ROSE_BY, held_out_rise
 from pipeline.report import read_metrics
 from tests.conftest import run_pretrain
+from tests.pipeline.resume_first_runs import TEN_STEPS, ten_step_run
+from tests.pipeline.smoke_runs import copy_run
 
 
 def trainer_with_best(path: str, score: float | None, monitor: str = "val/loss"):
@@ -48,17 +50,18 @@ def test_without_a_kept_best_checkpoint_nothing_is_said():
     assert held_out_rise(trainer_with_best("x.ckpt", 1.0, monitor="step"), 9.0) is None
 
 
-def test_a_run_whose_loss_climbs_after_its_best_names_the_file_that_holds_it(tmp_path):
+def test_a_run_whose_loss_climbs_after_its_best_names_the_file_that_holds_it(
+    tmp_path, tmp_path_factory
+):
     """The run trains 10 steps, then resumes at a rate far too high: its held-out loss climbs.
     The summary names the kept best checkpoint, which holds the lowest loss in the log."""
-    run = ("model=gpt-tiny", "debug=smoke", "logger=csv", "run_name=rise")
-    run += ("checkpoint.every_n_steps=5", "checkpoint.keep_best=1")
-    first = run_pretrain(tmp_path, *run, "trainer.max_steps=10")
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "held-out loss rose" not in first.stdout
+    run = (*TEN_STEPS, "run_name=rise", "checkpoint.keep_best=1")
+    # the session's run of 10 steps (TEN_STEPS, keep_best=1), continued in a copy
+    first = ten_step_run(tmp_path_factory)
+    assert "held-out loss rose" not in first.done.stdout
+    run_dir = copy_run(first, tmp_path / "out/gpt-tiny/rise")
     resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=20", "resume=auto", "optim.lr=3.0")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    run_dir = tmp_path / "out/gpt-tiny/rise"
     losses = read_metrics(run_dir / "logs" / "metrics.csv")["val/loss"]
     lowest = min(losses, key=losses.get)
     assert losses[20] > losses[lowest] * (1 + HELD_OUT_ROSE_BY), losses

@@ -11,9 +11,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from datamodules.corpora.corpus import EmbeddedCorpus
 from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective, phase_plan
 from pipeline.pretrain.passes import ManyPassesWarning, many_passes_warning
 from tests.conftest import run_pretrain, write_two_source_mixture
+from tests.pipeline import fake_clock_pretrain
 
 CAUSAL = CausalLMObjective().many_passes
 
@@ -116,43 +118,67 @@ def pasted_fix(log: str) -> str:
 
 
 @pytest.mark.parametrize("length", ["max_steps", "budget"])
-def test_a_run_that_repeats_its_text_is_warned_and_the_pasted_fix_is_not(tmp_path, length):
+def test_a_run_that_repeats_its_text_is_warned_and_the_pasted_fix_is_not(
+    tmp_path, monkeypatch, length
+):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(" ".join(SENTENCES[i : i + 6]) for i in range(0, 60, 6)) + "\n")
     run = ("model=gpt-tiny", "data=text_files", f"data.paths=[{corpus}]", "debug=smoke")
     run += ("logger=csv", "trainer.val_check_interval=100")
+    # The corpus is 2 steps a pass, so the fix is 8 steps: a run of 12 (6 passes) is past the
+    # limit as one of 40 is, in a third of the steps.
     if length == "max_steps":
-        entry, long_run = "pipeline.commands.pretrain", ("trainer.max_steps=40",)
-    else:  # a clock that ticks a second per step: the budget holds about 40 steps
-        entry = "tests.pipeline.fake_clock_pretrain"
-        long_run = ("trainer.budget=45s", "trainer.max_steps=1000")
-    first = run_pretrain(tmp_path, *run, *long_run, "run_name=long", entry=entry)
+        run += ("trainer.max_steps=12",)
+    else:  # a clock that ticks a second per step: the budget holds about 12 steps
+        run += ("trainer.budget=15s", "trainer.max_steps=1000")
+
+    def pretrain(*overrides: str):
+        with monkeypatch.context() as patched:
+            if length == "budget":  # a clock of its own for each run, as a new process has
+                fake_clock_pretrain.install(patched.setattr)
+            return run_pretrain(tmp_path, *run, *overrides)
+
+    first = pretrain("run_name=long")
     assert first.returncode == 0, first.stderr[-3000:]
     fix = pasted_fix(first.stdout)  # the run's log
     per_pass = int(re.search(r"\((\d+) steps a pass\)", first.stdout).group(1))
     assert fix == f"trainer.max_steps={int(CAUSAL * per_pass)}"
-    shorter = run_pretrain(tmp_path, *run, *long_run, fix, "run_name=short", entry=entry)
+    shorter = pretrain(fix, "run_name=short")
     assert shorter.returncode == 0, shorter.stderr[-3000:]
     assert "passes over its training text" not in shorter.stdout
     steps = int(re.search(r"finished (\d+) steps", shorter.stdout).group(1))
     assert 0 < steps <= CAUSAL * per_pass
 
 
+MIXTURE_STEPS = 72
+
+
 def test_a_mixture_run_is_warned_about_the_source_it_upsamples(tmp_path):
-    # beta, a third of the documents, is 90% of the sequences: read about 3x per mixture epoch
+    # beta, a third of the documents, is 90% of the sequences: read about 4x per mixture epoch
     mixture = write_two_source_mixture(tmp_path, "{alpha: 0.1, beta: 0.9}")
-    run = ("model=gpt-tiny", *mixture, "debug=smoke", "logger=csv", "trainer.max_steps=120")
-    done = run_pretrain(tmp_path, *run, "trainer.val_check_interval=100")
+    # The helper's sources cut to documents of like sizes (so the ratio holds whichever ones
+    # the validation split takes): alpha six of 4.5 to 6.4 KB, beta three of about 3.6 KB, read
+    # in windows of 32 tokens. A pass over beta is 15 steps (the fix's rounding stays well
+    # within the check below) and 72 steps plan 4.8 passes: a seventh of the tokens that 120
+    # steps of 128-token windows over the helper's 60 documents read.
+    docs = list(EmbeddedCorpus().documents())
+    alpha, beta = (37, 48, 51, 52, 53, 58), (2, 9, 56)
+    (tmp_path / "alpha.txt").write_text("\n\n".join(docs[i] for i in alpha) + "\n")
+    (tmp_path / "beta.txt").write_text("\n\n".join(docs[i] for i in beta) + "\n")
+    run = ("model=gpt-tiny", *mixture, "debug=smoke", "logger=csv", "objective.seq_len=32")
+    run += (f"trainer.max_steps={MIXTURE_STEPS}", "trainer.val_check_interval=100")
+    done = run_pretrain(tmp_path, *run)
     assert done.returncode == 0, done.stderr[-3000:]
     mixture_epoch = int(re.search(r"\((\d+) optimizer steps\) per epoch", done.stdout).group(1))
     said = re.search(
-        r"plans 120 steps, ([\d.]+) passes over source beta of its mixture \(([\d.]+) steps a pass\)",
+        rf"plans {MIXTURE_STEPS} steps, ([\d.]+) passes over source beta of its mixture "
+        r"\(([\d.]+) steps a pass\)",
         done.stdout,
     )
     assert said is not None, done.stdout[-3000:]
     passes, per_pass = float(said.group(1)), float(said.group(2))
-    assert passes > 2 * 120 / mixture_epoch  # more than the mixture's own epochs
-    assert passes == pytest.approx(120 / per_pass, rel=0.1)
+    assert passes > 2 * MIXTURE_STEPS / mixture_epoch  # more than the mixture's own epochs
+    assert passes == pytest.approx(MIXTURE_STEPS / per_pass, rel=0.1)
     fix = pasted_fix(done.stdout.replace("source beta of its mixture", "its training text"))
     steps = int(fix.removeprefix("trainer.max_steps="))
-    assert steps * passes / 120 == pytest.approx(CAUSAL, abs=0.1)  # 4 passes over beta
+    assert steps * passes / MIXTURE_STEPS == pytest.approx(CAUSAL, abs=0.1)  # 4 passes over beta

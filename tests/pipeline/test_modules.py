@@ -133,11 +133,14 @@ def test_accumulated_step_gradient_is_the_mean_over_all_predictions(tmp_path, sm
 
 
 @pytest.mark.parametrize(
-    ("model", "threshold"), [("bert-tiny", 1.0), ("gpt-tiny", 0.5)], ids=["bert", "gpt"]
+    ("model", "threshold", "steps"),
+    [("bert-tiny", 1.0, 60), ("gpt-tiny", 0.5, 100)],
+    ids=["bert", "gpt"],
 )
-def test_overfits_a_few_batches(tmp_path, small_docs, model, threshold):
+def test_overfits_a_few_batches(tmp_path, small_docs, model, threshold, steps):
     """Trained on 2 fixed batches (the same masks each time), the loss must fall below
-    `threshold` (from ~7.5 at the start) within 150 steps."""
+    `threshold` (from ~7.5 at the start) within `steps` steps (BERT's is about 0.06 there,
+    GPT's 0.15: it was 150 steps for both, which only took longer to show the same)."""
     module, datamodule, _ = tiny_run(
         tmp_path, small_docs[:6], f"model={model}", "objective.batch_size=4"
     )
@@ -146,7 +149,7 @@ def test_overfits_a_few_batches(tmp_path, small_docs, model, threshold):
     batches = list(datamodule.train_dataloader())[:2]
     optimizer = torch.optim.AdamW(module.parameters(), lr=3e-3)
     losses = []
-    for step in range(150):
+    for step in range(steps):
         loss = module.losses(batches[step % 2])["loss"][0]
         optimizer.zero_grad()
         loss.backward()

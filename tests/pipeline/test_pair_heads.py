@@ -41,6 +41,13 @@ def tune(folder: Path, run: str, *overrides: str):
     return finetune(cfg, announce=False), folder / run
 
 
+# One training batch of the epoch (then the epoch's evaluation, as after a whole one): for runs
+# whose checks do not depend on how far training got (a rate of 1e-12 that moves nothing, a
+# head fitted or standardized on the whole training split before the first step, an evaluation
+# that must give a run's own scores again).
+ONE_BATCH = "+trainer.limit_train_batches=1"
+
+
 def train_scores(folder: Path) -> list[float]:
     with open(folder / "data" / "train.tsv") as handle:
         return [float(row["score"]) for row in csv.DictReader(handle, delimiter="\t")]
@@ -50,7 +57,12 @@ def test_a_fresh_regression_head_predicts_the_training_targets_mean(setup):
     """Before any step the model predicts the mean of the training targets (so the dev loss
     starts near their variance, not near mean^2 + variance)."""
     results, run_dir = tune(
-        setup, "standardized", "trainer.max_epochs=1", "optim.lr=1e-12", "head.pair_score=features"
+        setup,
+        "standardized",
+        "trainer.max_epochs=1",
+        ONE_BATCH,
+        "optim.lr=1e-12",
+        "head.pair_score=features",
     )
     scores = torch.tensor(train_scores(setup))
     tuned = load_finetuned(run_dir)
@@ -87,7 +99,9 @@ def test_a_siamese_head_learns_word_overlap_that_a_fresh_cross_encoder_does_not(
 
 
 def test_a_siamese_model_evaluates_and_predicts_as_it_was_trained(setup, tmp_path):
-    results, run_dir = tune(setup, "siamese-eval", "trainer.max_epochs=1", "head.siamese=true")
+    results, run_dir = tune(
+        setup, "siamese-eval", "trainer.max_epochs=1", ONE_BATCH, "head.siamese=true"
+    )
     head = load_finetuned(run_dir).head
     assert head.siamese and head.pair_score == "cosine"  # the default for a regression pair
     cfg = compose_config("evaluate", f"ckpt={run_dir}", run_dir=tmp_path / "eval")
@@ -182,6 +196,7 @@ def test_an_alignment_head_reads_word_overlap_before_its_first_step(setup, kind)
         setup,
         f"align-{kind}",
         "trainer.max_epochs=1",
+        ONE_BATCH,
         "optim.lr=1e-12",
         "head.siamese=true",
         *(["head.pair_score=alignment"] if kind == "regression" else []),
@@ -206,6 +221,7 @@ def test_an_alignment_model_evaluates_as_it_was_trained(setup, tmp_path):
         setup,
         "align-eval",
         "trainer.max_epochs=1",
+        ONE_BATCH,
         "head.siamese=true",
         "head.pair_score=alignment",
     )

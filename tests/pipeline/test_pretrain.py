@@ -9,14 +9,16 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from tests.conftest import run_command, run_pretrain
+from tests.conftest import run_command
+from tests.pipeline.smoke_runs import smoke_run
 
 
 @pytest.mark.parametrize("model", ["bert-tiny", "gpt-tiny"])
-def test_pretrain_smoke_run_leaves_checkpoint_logs_and_hf_export(tmp_path, model):
-    result = run_pretrain(tmp_path, f"model={model}", "debug=smoke", "run_name=smoke")
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = tmp_path / "out" / model / "smoke"
+def test_pretrain_smoke_run_leaves_checkpoint_logs_and_hf_export(tmp_path_factory, model):
+    # `make pretrain model=<model> debug=smoke run_name=smoke`, run once in the session (other
+    # files evaluate copies of it): read here, not written
+    run = smoke_run(tmp_path_factory, model)
+    result, run_dir = run.done, run.folder
     assert "finished 5 steps" in result.stdout
 
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)

@@ -17,7 +17,8 @@ from matplotlib.image import imread
 
 from pipeline.commands.report import main
 from pipeline.report import read_metrics, smooth, write_report
-from tests.conftest import run_command, run_pretrain
+from tests.conftest import run_command
+from tests.pipeline.smoke_runs import copy_run, smoke_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SIZE = (900, 450)  # pipeline.report.FIGSIZE x DPI
@@ -100,18 +101,11 @@ def pretrain_rows(steps: int, start_loss: float) -> list[dict]:
     return rows
 
 
-def test_report_of_a_real_tiny_run(tmp_path):
-    run = run_pretrain(
-        tmp_path,
-        "model=bert-tiny",
-        "debug=smoke",
-        "trainer.max_steps=12",
-        "trainer.val_check_interval=4",
-        "run_name=r",
-        "logger=csv",
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    run_dir = tmp_path / "out" / "bert-tiny" / "r"
+def test_report_of_a_real_tiny_run(tmp_path, tmp_path_factory):
+    # the session's BERT smoke run (5 steps, validated at the last), copied: the report is
+    # written into the run folder
+    shared = smoke_run(tmp_path_factory, "bert-tiny")
+    run, run_dir = shared.done, copy_run(shared, tmp_path / "out" / "bert-tiny" / "r")
     done = run_command("pipeline.commands.report", str(run_dir))
     assert done.returncode == 0, done.stderr
     html_path = run_dir / "report" / "report.html"
@@ -121,7 +115,7 @@ def test_report_of_a_real_tiny_run(tmp_path):
     assert "no MFU" in text  # a CPU run has none, and the report says so
     parameters = re.search(r"([\d,]+) parameters", run.stdout)[1]
     assert parameters in text  # the config summary has the logged facts
-    assert str(run_dir / "hf") in text
+    assert str(shared.folder / "hf") in text  # as the run logged it, before the copy
 
 
 def test_last_row_of_a_step_wins_and_sparse_rows_merge(tmp_path):

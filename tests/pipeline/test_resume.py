@@ -32,25 +32,32 @@ from tests.conftest import (
     run_pretrain,
     write_two_source_mixture,
 )
+from tests.pipeline import fake_clock_pretrain
+from tests.pipeline.resume_first_runs import TEN_STEPS, ten_step_run
+from tests.pipeline.smoke_runs import copy_run, smoke_run
 from tests.pipeline.test_blimp import write_blimp
 from tests.pipeline.test_probe import probe_overrides, probe_steps, write_probe_tasks
 from tokenizer import TokenizerSpec, get_tokenizer
 
 # bert-tiny with the reference recipe (AdamW) has dropout, so the RNG state must be restored
-# too (Muon has its own test below); 40 optimizer steps with a checkpoint every 5 leave time to
-# kill the process mid-run. Precision is pinned: null picks bf16 or fp32 by timing both in each
-# process, so under load a resumed run could pick the other.
+# too (Muon has its own test below); 20 optimizer steps with a checkpoint every 5 leave time to
+# kill the process mid-run (it is killed once its step-10 checkpoint exists) and 10 steps after
+# the resume point to compare, with a validation at 15 and at the end, both after it (40 steps,
+# validating at 20, showed the same in twice the time: each step costs a second or more here).
+# Precision is pinned: null picks bf16 or fp32 by timing both in each process, so under load a
+# resumed run could pick the other.
 RUN = (
     "model=bert-tiny",
     "recipe=bert-reference",
     "trainer.precision=32",
     "objective.batch_size=8",
-    "trainer.val_check_interval=20",
+    "trainer.val_check_interval=15",
     "trainer.limit_val_batches=2",
     "trainer.log_every_n_steps=1",
     "checkpoint.every_n_steps=5",
 )
-STEPS = 40
+STEPS = 20
+VALIDATED = [15, STEPS]  # the steps RUN validates at
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
@@ -116,14 +123,14 @@ def interrupt_mid_run(tmp_path: Path, run: tuple[str, ...], name: str, signum: i
 
 
 def assert_resumes_exactly(
-    tmp_path: Path, run, name: str, reference_dir: Path, steps: int = STEPS, **entry
+    tmp_path: Path, run, name: str, reference_dir: Path, steps: int = STEPS, pretrain=run_pretrain
 ) -> int:
-    """Resume run `name` with resume=auto (`entry=`: another CLI module); its losses from the
-    resume point on (to step `steps`) and its final weights equal the uninterrupted reference's.
-    Returns the step it resumed from."""
+    """Resume run `name` with resume=auto (`pretrain`: how to run the command); its losses from
+    the resume point on (to step `steps`) and its final weights equal the uninterrupted
+    reference's. Returns the step it resumed from."""
     run_dir = tmp_path / f"out/bert-tiny/{name}"
     before = {p.name for p in (run_dir / "checkpoints").iterdir()}
-    resumed = run_pretrain(tmp_path, *run, f"run_name={name}", "resume=auto", **entry)
+    resumed = pretrain(tmp_path, *run, f"run_name={name}", "resume=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout
     start = resumed_step(resumed.stdout)
@@ -154,11 +161,11 @@ def test_killed_run_resumes_exactly(micro_batches, shared_runs):
     reference_dir = reference(micro_batches)
     assert sorted(train_losses(reference_dir)) == list(range(1, STEPS + 1))  # steps done
     kept = sorted(p.name for p in (reference_dir / "checkpoints").iterdir())
-    # the last 2 periodic ones, last.ckpt, and the 1 best by validation loss (step 20 or 40)
+    # the last 2 periodic ones, last.ckpt, and the 1 best by validation loss (step 15 or 20)
     assert [k for k in kept if not k.startswith("best-")] == [
         "last.ckpt",
-        "step0000035.ckpt",
-        "step0000040.ckpt",
+        "step0000015.ckpt",
+        "step0000020.ckpt",
     ]
     assert len([k for k in kept if k.startswith("best-")]) == 1
 
@@ -299,26 +306,37 @@ def test_every_damaged_file_is_moved_aside_once_and_the_kept_counts_hold(tmp_pat
     assert len(list(checkpoints.glob("best-*.ckpt"))) == 1
 
 
+def fake_clock_pretrain_run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`run_pretrain` in this process on the clock of tests/pipeline/fake_clock_pretrain.py,
+    ticking from 0 as in a process of its own."""
+    with pytest.MonkeyPatch.context() as patched:
+        fake_clock_pretrain.install(patched.setattr)
+        return run_pretrain(tmp_path, *overrides)
+
+
 def test_killed_run_with_a_time_budget_resumes_exactly(shared_runs):
     """trainer.budget: the plan made before the kill is in the checkpoint, and the resumed run
     makes the rest of it as the uninterrupted run did. A clock ticking once per step (one
     second a tick, tests/pipeline/fake_clock_pretrain.py) makes every run's decisions equal:
-    a 45 s budget less the 3 steps' time it keeps free (more than its 3% margin) holds 42
-    steps."""
+    a 25 s budget less the 3 steps' time it keeps free (more than its 3% margin) holds 22
+    steps. The killed run is a process of its own on that clock; the reference and the
+    resumed run run here on the same clock."""
     tmp_path, _ = shared_runs
-    run = (*RUN, "trainer.budget=45s", "trainer.max_steps=1000")
-    entry = {"entry": "tests.pipeline.fake_clock_pretrain"}
-    done = run_pretrain(tmp_path, *run, "run_name=budget-reference", **entry)
+    run = (*RUN, "trainer.budget=25s", "trainer.max_steps=1000")
+    done = fake_clock_pretrain_run(tmp_path, *run, "run_name=budget-reference")
     assert done.returncode == 0, done.stderr[-3000:]
     reference_dir = tmp_path / "out/bert-tiny/budget-reference"
     steps = max(train_losses(reference_dir))
-    assert steps == 45 - TimeBudget.RESERVE_STEPS  # the plan, far below max_steps
+    assert steps == 25 - TimeBudget.RESERVE_STEPS  # the plan, far below max_steps
     with open(reference_dir / "logs" / "metrics.csv") as handle:
         validated = [int(r["step"]) for r in csv.DictReader(handle) if r["val/loss"]]
-    assert validated == [20, 40, steps]  # every 20 steps, and the planned last one
+    assert validated == [15, steps]  # every 15 steps, and the planned last one
+    entry = {"entry": "tests.pipeline.fake_clock_pretrain"}
     process = interrupt_mid_run(tmp_path, run, "budget-killed", signal.SIGKILL, **entry)
     assert process.returncode == -signal.SIGKILL
-    assert_resumes_exactly(tmp_path, run, "budget-killed", reference_dir, steps, **entry)
+    assert_resumes_exactly(
+        tmp_path, run, "budget-killed", reference_dir, steps, pretrain=fake_clock_pretrain_run
+    )
 
 
 def test_killed_run_with_muon_resumes_exactly(shared_runs):
@@ -376,7 +394,7 @@ def test_killed_mixture_run_resumes_exactly_and_so_do_its_sources_counts(tmp_pat
             assert sorted(expected) == list(range(1, STEPS + 1))
             assert all(got[s] == expected[s] for s in range(start + 1, STEPS + 1)), name
         validated = metric_column(reference_dir, f"val/{source}/loss")
-        assert sorted(validated) == [20, 40]
+        assert sorted(validated) == VALIDATED
     alpha, beta = (
         metric_column(reference_dir, "data/alpha/sequences"),
         metric_column(reference_dir, "data/beta/sequences"),
@@ -451,9 +469,11 @@ def test_killed_streamed_run_resumes_exactly(tmp_path):
     assert_resumes_exactly(tmp_path, run, "stream-killed", reference_dir)
 
 
-def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_named(tmp_path):
-    first = run_pretrain(tmp_path, "model=bert-tiny", "debug=smoke", "run_name=one")
-    assert first.returncode == 0, first.stderr[-3000:]
+def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_named(
+    tmp_path, tmp_path_factory
+):
+    # a copy of the session's `make pretrain model=bert-tiny debug=smoke`
+    copy_run(smoke_run(tmp_path_factory, "bert-tiny"), tmp_path / "out/bert-tiny/one")
     again = run_pretrain(tmp_path, "model=bert-tiny", "debug=smoke", "run_name=one")
     assert again.returncode == 2
     assert "already has checkpoints" in again.stderr and "resume=auto" in again.stderr
@@ -486,13 +506,12 @@ def test_final_checkpoint_and_validation_when_steps_are_not_a_multiple_of_the_in
     assert validated == [5, 7]  # the last step too, though 7 is no multiple of 5
 
 
-def test_resuming_from_the_end_of_run_checkpoint_logs_the_next_steps(tmp_path):
+def test_resuming_from_the_end_of_run_checkpoint_logs_the_next_steps(tmp_path, tmp_path_factory):
     """The end-of-run checkpoint is saved after Lightning counted the last batch; a run resumed
     from it must log steps 6, 7, 8 after a first run's 1-5 (steps done), not 7, 8, 9."""
     run = ("model=gpt-tiny", "debug=smoke", "run_name=ended", "logger=csv")
-    first = run_pretrain(tmp_path, *run, "trainer.max_steps=5", "checkpoint.every_n_steps=100")
-    assert first.returncode == 0, first.stderr[-3000:]
-    run_dir = tmp_path / "out/gpt-tiny/ended"
+    # a copy of the session's `make pretrain model=gpt-tiny debug=smoke`: 5 steps, saved at the end
+    run_dir = copy_run(smoke_run(tmp_path_factory, "gpt-tiny"), tmp_path / "out/gpt-tiny/ended")
     ended = run_dir / "checkpoints" / "last.ckpt"
     assert torch.load(ended, weights_only=True)["global_step"] == 5
     resumed = run_pretrain(tmp_path, *run, f"resume={ended}", "trainer.max_steps=8")
@@ -502,13 +521,12 @@ def test_resuming_from_the_end_of_run_checkpoint_logs_the_next_steps(tmp_path):
     assert steps == list(range(1, 9))
 
 
-def test_a_resumed_run_trains_with_its_own_learning_rate(tmp_path):
+def test_a_resumed_run_trains_with_its_own_learning_rate(tmp_path, tmp_path_factory):
     """The checkpoint's optimizer state carries its learning rate; a run resumed with another
     `optim.lr` must train at that one (with a warning), the schedule going on from the step."""
     run = ("model=gpt-tiny", "debug=smoke", "logger=csv", "checkpoint.every_n_steps=100")
-    first = run_pretrain(tmp_path, *run, "run_name=first", "trainer.max_steps=5")
-    assert first.returncode == 0, first.stderr[-3000:]
-    ended = tmp_path / "out/gpt-tiny/first/checkpoints/last.ckpt"
+    # the end of the session's `make pretrain model=gpt-tiny debug=smoke` (5 steps), read only
+    ended = smoke_run(tmp_path_factory, "gpt-tiny").folder / "checkpoints/last.ckpt"
     peak = torch.load(ended, weights_only=True)["lr_schedulers"][0]["base_lrs"][0]
 
     def logged_lrs(name: str, *extra: str) -> tuple[dict[int, float], str]:
@@ -602,21 +620,19 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("keep_best", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_resume_keeps_exactly_keep_best_files_and_the_true_best(tmp_path, keep_best):
+def test_resume_keeps_exactly_keep_best_files_and_the_true_best(
+    tmp_path, tmp_path_factory, keep_best
+):
     """A periodic checkpoint is saved before its step's validation, so the best file that
     validation writes is newer than the state a resume starts from. The resumed run must still
     know it: `keep_best` best files in the end, the best validation losses of the whole run.
     (The resumed run trains at a tiny learning rate, so its validations tie with step 10's.)"""
-    run = (
-        "model=gpt-tiny",
-        "debug=smoke",
-        "logger=csv",
-        "run_name=best",
-        "checkpoint.every_n_steps=5",
-        f"checkpoint.keep_best={keep_best}",
-    )
-    first = run_pretrain(tmp_path, *run, "trainer.max_steps=10")
-    assert first.returncode == 0, first.stderr[-3000:]
+    run = (*TEN_STEPS, "run_name=best", f"checkpoint.keep_best={keep_best}")
+    if keep_best == 1:  # the session's ten-step run has the default keep_best=1: a copy of it
+        copy_run(ten_step_run(tmp_path_factory), tmp_path / "out/gpt-tiny/best")
+    else:
+        first = run_pretrain(tmp_path, *run, "trainer.max_steps=10")
+        assert first.returncode == 0, first.stderr[-3000:]
     resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=20", "resume=auto", "optim.lr=1e-12")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     run_dir = tmp_path / "out/gpt-tiny/best"
@@ -629,19 +645,17 @@ def test_resume_keeps_exactly_keep_best_files_and_the_true_best(tmp_path, keep_b
     assert sorted(int(p.stem.split("step")[1]) for p in kept) == sorted(expected)
 
 
-def test_a_damaged_last_checkpoint_is_moved_aside_and_replaced(tmp_path):
+def test_a_damaged_last_checkpoint_is_moved_aside_and_replaced(tmp_path, tmp_path_factory):
     """resume=auto falls back to the newest good checkpoint and the run ends with a good
     last.ckpt (the one `make generate ckpt=<run>` reads), the damaged file renamed, not lost."""
-    run = ("model=gpt-tiny", "debug=smoke", "logger=csv", "run_name=torn")
-    first = run_pretrain(tmp_path, *run, "trainer.max_steps=10", "checkpoint.every_n_steps=5")
-    assert first.returncode == 0, first.stderr[-3000:]
+    run = (*TEN_STEPS, "run_name=torn")
+    # a copy of the session's run of 10 steps, a checkpoint every 5
+    copy_run(ten_step_run(tmp_path_factory), tmp_path / "out/gpt-tiny/torn")
     checkpoints = tmp_path / "out/gpt-tiny/torn/checkpoints"
     last = checkpoints / "last.ckpt"
     torn = last.read_bytes()[: last.stat().st_size // 2]
     last.write_bytes(torn)
-    resumed = run_pretrain(
-        tmp_path, *run, "trainer.max_steps=12", "checkpoint.every_n_steps=5", "resume=auto"
-    )
+    resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=12", "resume=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # the newest good checkpoint holds the same step 10 as the damaged last.ckpt
     assert resumed.stdout.split("resuming from ")[1].split()[0].endswith("/step0000010.ckpt")
@@ -651,10 +665,9 @@ def test_a_damaged_last_checkpoint_is_moved_aside_and_replaced(tmp_path):
     assert not list(checkpoints.glob("last-v*.ckpt"))
 
 
-def test_a_refused_rerun_leaves_the_run_folder_byte_identical(tmp_path):
-    first = run_pretrain(tmp_path, "model=gpt-tiny", "debug=smoke", "run_name=kept", "logger=csv")
-    assert first.returncode == 0, first.stderr[-3000:]
-    run_dir = tmp_path / "out/gpt-tiny/kept"
+def test_a_refused_rerun_leaves_the_run_folder_byte_identical(tmp_path, tmp_path_factory):
+    # a copy of the session's `make pretrain model=gpt-tiny debug=smoke`
+    run_dir = copy_run(smoke_run(tmp_path_factory, "gpt-tiny"), tmp_path / "out/gpt-tiny/kept")
     before = folder_bytes(run_dir)
     assert ".hydra/config.yaml" in before and "pretrain.log" in before
     again = run_pretrain(
@@ -664,11 +677,12 @@ def test_a_refused_rerun_leaves_the_run_folder_byte_identical(tmp_path):
     assert folder_bytes(run_dir) == before
 
 
-def test_a_resumed_attempt_keeps_the_first_record_and_writes_its_own_apart(tmp_path):
+def test_a_resumed_attempt_keeps_the_first_record_and_writes_its_own_apart(
+    tmp_path, tmp_path_factory
+):
     run = ("model=gpt-tiny", "debug=smoke", "run_name=twice", "logger=csv")
-    first = run_pretrain(tmp_path, *run)
-    assert first.returncode == 0, first.stderr[-3000:]
-    run_dir = tmp_path / "out/gpt-tiny/twice"
+    # a copy of the session's `make pretrain model=gpt-tiny debug=smoke`
+    run_dir = copy_run(smoke_run(tmp_path_factory, "gpt-tiny"), tmp_path / "out/gpt-tiny/twice")
     record = (run_dir / ".hydra" / "config.yaml").read_bytes()
     refused = run_pretrain(tmp_path, *run, "resume=auto", "model.d_ff=256")
     assert refused.returncode == 2 and "model.d_ff" in refused.stderr
@@ -730,13 +744,12 @@ def test_probes_change_nothing_and_a_probed_run_resumes_exactly(shared_runs, kin
 
 
 PHASES = (
-    "objective.phases=[{share:0.25},"
-    "{share:0.75,seq_len:256,batch_size:4,max_predictions_per_seq:40}]"
+    "objective.phases=[{share:0.5},{share:0.5,seq_len:256,batch_size:4,max_predictions_per_seq:40}]"
 )
 
 
 def test_a_phased_run_resumes_exactly_before_at_and_after_its_switch(shared_runs):
-    """objective.phases: 10 of 40 steps at 128 tokens, then 256. Runs resumed from the
+    """objective.phases: 10 of 20 steps at 128 tokens, then 256. Runs resumed from the
     reference's checkpoints at step 5 (phase 0), 10 (the switch) and 15 (phase 1) continue
     exactly as it did; the checkpoints record the longest length trained so far."""
     tmp_path, _ = shared_runs

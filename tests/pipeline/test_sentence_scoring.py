@@ -16,6 +16,7 @@ from models.bert import BertForPreTraining
 from pipeline.checkpoint.load import Pretrained
 from pipeline.infer.blimp import Pair, answers, read_pairs
 from pipeline.infer.sentence_scoring import SentenceScorer
+from tests.pipeline.test_modules import fixed_wordpiece
 from tests.pipeline.tiny_models import tiny_model, trained_tokenizer
 from tokenizer import special_ids
 
@@ -26,10 +27,14 @@ TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def trained(small_docs) -> tuple[BertForPreTraining, Tokenizer]:
+def trained(small_docs, tmp_path_factory) -> tuple[BertForPreTraining, Tokenizer]:
     """The tiny test BERT after 30 MLM steps on real prose: its predictions follow the text
-    (the pairs' margins are far wider than fp32's rounding), unlike a random model's."""
-    tokenizer = trained_tokenizer("wordpiece")
+    (the pairs' margins are far wider than fp32's rounding), unlike a random model's. Its
+    WordPiece vocabulary is built deterministically (a trained one differs from process to
+    process, and with it the model: a pair's margin came out at 1.97e-4 in one of them)."""
+    tokenizer = fixed_wordpiece(
+        small_docs, tmp_path_factory.mktemp("wordpiece") / "vocab.txt", 1000
+    )
     model = tiny_model("bert", tokenizer, seed=0).train()
     specials = special_ids(tokenizer)
     stream = [i for e in tokenizer.encode_batch(small_docs) for i in e.ids]

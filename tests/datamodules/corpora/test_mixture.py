@@ -24,10 +24,10 @@ from datamodules.run_stores import prepare_stores
 from pipeline.pretrain.checks import check_config
 from pipeline.run.errors import ConfigError
 from tests.conftest import (
-    CLI_ENV,
     REPO,
     ListCorpus,
     compose_pretrain,
+    run_command,
     write_two_source_mixture,
 )
 from tests.pipeline.task_data import point_shipped_corpora_at
@@ -431,7 +431,7 @@ def test_invalid_utf8_in_a_source_names_its_errors_key_which_works_pasted(tmp_pa
     hint = re.search(r"set (\S+) \(substitute U\+FFFD\)", str(err.value))[1]
     assert hint == "data.sources.beta.errors=replace"
     command = cache_command(tmp_path, *overrides, hint)
-    pasted = subprocess.run(command, cwd=REPO, env=CLI_ENV, capture_output=True, text=True)
+    pasted = run_command(command[2], *command[3:])  # `python -m ...`, in this process
     assert pasted.returncode == 0, pasted.stderr[-3000:]
     assert "mixture of alpha (weight 0.7: 1 text file(s)" in pasted.stdout
 

@@ -27,7 +27,7 @@ from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjectiv
 from datamodules.run_stores import prepare_stores, store_settings
 from datamodules.stores.parallel import _partition_key, build_in_parallel, corpus_parts
 from datamodules.stores.store import MANIFEST, StoreInvalidError, TokenStore
-from tests.conftest import CLI_ENV, REPO
+from tests.conftest import CLI_ENV, REPO, run_command
 
 
 @pytest.fixture(scope="module")
@@ -175,10 +175,8 @@ def test_two_launcher_ranks_build_one_store(text_folder, tmp_path):
     build their part, rank 0 joins; the store equals the one-process build's."""
     data = ["model=gpt-tiny", "data=text_files", f"data.paths={text_folder}/*.txt"]
 
-    def prepare(cache, rank=None, ranks=None):
-        env = dict(CLI_ENV)
-        if rank is not None:
-            env |= {"RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": "0"}
+    def prepare(cache, rank, ranks):
+        env = CLI_ENV | {"RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": "0"}
         command = [
             sys.executable,
             "-m",
@@ -190,9 +188,9 @@ def test_two_launcher_ranks_build_one_store(text_folder, tmp_path):
             command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
 
-    single = prepare(tmp_path / "one")
-    _, err = single.communicate(timeout=300)
-    assert single.returncode == 0, err[-2000:]
+    # the one-process build to compare with: in this process (the ranks are the processes)
+    single = run_command("pipeline.commands.prepare", f"paths.cache_dir={tmp_path / 'one'}", *data)
+    assert single.returncode == 0, single.stderr[-2000:]
     ranks = [prepare(tmp_path / "two", rank, 2) for rank in (0, 1)]
     results = [p.communicate(timeout=300) for p in ranks]
     assert [p.returncode for p in ranks] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
@@ -204,19 +202,8 @@ def test_two_launcher_ranks_build_one_store(text_folder, tmp_path):
 
 
 def test_prepare_workers_must_be_a_whole_number(tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.commands.prepare",
-            f"paths.cache_dir={tmp_path}",
-            "prepare.workers=0",
-        ],
-        cwd=REPO,
-        env=CLI_ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_command(
+        "pipeline.commands.prepare", f"paths.cache_dir={tmp_path}", "prepare.workers=0"
     )
     assert done.returncode != 0 and "prepare.workers=0 is not a whole number >= 1" in done.stderr
     assert "Traceback" not in done.stderr
@@ -292,8 +279,16 @@ def prepare_in_two_parts(text_folder, tmp_path, action: str) -> tuple[subprocess
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )
     return process, overrides
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT's default action in the command, as a terminal's foreground job has it: tests run
+    as a background job of a script inherit SIGINT ignored, and a Python started with it
+    ignored never raises KeyboardInterrupt (Ctrl-C would go unheard)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def paste(command_line: str) -> subprocess.CompletedProcess:
