@@ -6,6 +6,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -70,11 +71,13 @@ def run_command(
     """`python -m module *args` to completion in `cwd`, with exactly the environment `env`
     (default `CLI_ENV`). A command of `pipeline.commands` runs in this process
     (`tests.in_process`, seconds faster) unless the test is about the process itself:
-    `process=True`, a `stdin` (a file descriptor) to give it, or a module of the tests (which
-    patch the library for the run, e.g. a fake clock) start a Python of its own, stopped after
-    `timeout` seconds."""
+    `process=True`, a `stdin` (a file descriptor) to give it, a module of the tests (which
+    patch the library for the run, e.g. a fake clock), or a run of several processes (their
+    launcher starts the others from a Python whose torch would already be set up by the tests)
+    start a Python of its own, stopped after `timeout` seconds."""
     env = CLI_ENV if env is None else env
-    if not process and stdin is None and module.startswith("pipeline.commands."):
+    in_process = not process and stdin is None and not launches_processes(args)
+    if in_process and module.startswith("pipeline.commands."):
         return run_module(module, args, env=env, cwd=cwd)
     return subprocess.run(
         [sys.executable, "-m", module, *args],
@@ -85,6 +88,16 @@ def run_command(
         env=env,
         stdin=stdin,
     )
+
+
+def launches_processes(args: Sequence[str]) -> bool:
+    """Whether the overrides `args` run on more than one device or node (Lightning then starts
+    one process per device)."""
+    for arg in args:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key in ("trainer.devices", "trainer.num_nodes") and value.isdigit() and int(value) > 1:
+            return True
+    return False
 
 
 def run_pretrain(
