@@ -11,8 +11,7 @@ import torch
 from pipeline.pretrain.run import HELD_OUT_ROSE_BY, held_out_rise
 from pipeline.report import read_metrics
 from tests.conftest import run_pretrain
-from tests.pipeline.resume_first_runs import TEN_STEPS, ten_step_run
-from tests.pipeline.smoke_runs import copy_run
+from tests.pipeline.resume_first_runs import TEN_STEPS, continue_run, ten_step_run
 
 
 def trainer_with_best(path: str, score: float | None, monitor: str = "val/loss"):
@@ -59,7 +58,7 @@ def test_a_run_whose_loss_climbs_after_its_best_names_the_file_that_holds_it(
     # the session's run of 10 steps (TEN_STEPS, keep_best=1), continued in a copy
     first = ten_step_run(tmp_path_factory)
     assert "held-out loss rose" not in first.done.stdout
-    run_dir = copy_run(first, tmp_path / "out/gpt-tiny/rise")
+    run_dir = continue_run(first, tmp_path, "rise")
     resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=20", "resume=auto", "optim.lr=3.0")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     losses = read_metrics(run_dir / "logs" / "metrics.csv")["val/loss"]

@@ -32,8 +32,13 @@ from tests.conftest import (
     run_pretrain,
     write_two_source_mixture,
 )
-from tests.pipeline import fake_clock_pretrain
-from tests.pipeline.resume_first_runs import TEN_STEPS, ten_step_run
+from tests.pipeline import fake_clock_pretrain, ready_process
+from tests.pipeline.resume_first_runs import (
+    TEN_STEPS,
+    continue_run,
+    share_cache,
+    ten_step_run,
+)
 from tests.pipeline.smoke_runs import copy_run, smoke_run
 from tests.pipeline.test_blimp import write_blimp
 from tests.pipeline.test_probe import probe_overrides, probe_steps, write_probe_tasks
@@ -76,6 +81,16 @@ def resumed_step(stdout: str) -> int:
     return int(stdout.split("resuming from ")[1].split("(step ")[1].split(")")[0])
 
 
+# How the runs that are killed or signalled start: a process of their own (ready_process: one
+# started beforehand, which has imported the pipeline and waits for its command).
+SIGNALLED = {
+    "cwd": REPO,
+    "env": CLI_ENV,
+    "stdout": subprocess.DEVNULL,
+    "stderr": subprocess.PIPE,
+}
+
+
 def wait_for_checkpoint(process: subprocess.Popen, directory: Path, step: int) -> None:
     deadline = time.monotonic() + 300
     while not (directory / f"step{step:07d}.ckpt").exists():
@@ -91,6 +106,7 @@ def shared_runs(tmp_path_factory):
     merges differently): `reference(micro_batches)` makes the uninterrupted run of RUN once and
     returns its run folder."""
     base = tmp_path_factory.mktemp("runs")
+    ready_process.prepare(**SIGNALLED)  # the first run to kill imports while others train
     done_runs = {}
 
     def reference(micro_batches: int) -> Path:
@@ -102,19 +118,15 @@ def shared_runs(tmp_path_factory):
             done_runs[micro_batches] = base / f"out/bert-tiny/{name}"
         return done_runs[micro_batches]
 
-    return base, reference
+    yield base, reference
+    ready_process.stop()
 
 
 def interrupt_mid_run(tmp_path: Path, run: tuple[str, ...], name: str, signum: int, **entry):
     """Start a run (`entry=`: another CLI module), send it `signum` once its step-10 checkpoint
     exists; the finished process."""
-    process = subprocess.Popen(
-        pretrain_command(tmp_path, *run, f"run_name={name}", **entry),
-        cwd=REPO,
-        env=CLI_ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    process = ready_process.start(
+        pretrain_command(tmp_path, *run, f"run_name={name}", **entry), **SIGNALLED
     )
     wait_for_checkpoint(process, tmp_path / f"out/bert-tiny/{name}/checkpoints", 10)
     process.send_signal(signum)
@@ -208,14 +220,7 @@ def test_a_signalled_run_saves_its_step_and_resumes_exactly(signum, micro_batche
 def signal_when_saved(tmp_path: Path, run, name: str, signum: int, *, first: str, after: int):
     """Start run `name`, send it `signum` once a checkpoint named `first*` of a step past
     `after` exists; the finished process (its stderr as `stderr_text`)."""
-    process = subprocess.Popen(
-        pretrain_command(tmp_path, *run, f"run_name={name}"),
-        cwd=REPO,
-        env=CLI_ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = ready_process.start(pretrain_command(tmp_path, *run, f"run_name={name}"), **SIGNALLED)
     directory = tmp_path / f"out/bert-tiny/{name}/checkpoints"
     deadline = time.monotonic() + 300
     while not any(int(p.stem.split("step")[1]) > after for p in directory.glob(f"{first}*.ckpt")):
@@ -265,42 +270,41 @@ def test_two_stops_and_resumes_leave_one_last_checkpoint_the_newest(shared_runs)
     assert loaded.path.name == "last.ckpt" and loaded.contents["global_step"] == STEPS
 
 
-def test_every_damaged_file_is_moved_aside_once_and_the_kept_counts_hold(tmp_path):
+def test_every_damaged_file_is_moved_aside_once_and_the_kept_counts_hold(
+    tmp_path, tmp_path_factory
+):
     """A torn `last.ckpt` and a periodic file cut to 5 kB (too short to be mapped): resume=auto
     moves both aside and continues from the best file of that step; the run then keeps
     `keep_best` best files (the one it resumed from is dropped like any other) and `keep_last`
     periodic ones, and a later resume finds nothing damaged."""
     run = (
-        "model=gpt-tiny",
-        "debug=smoke",
-        "logger=csv",
+        *TEN_STEPS,  # a checkpoint and (debug=smoke) a validation every 5 steps
         "run_name=torn2",
-        "checkpoint.every_n_steps=10",
-        "trainer.val_check_interval=10",
+        "trainer.val_check_interval=5",
         "checkpoint.keep_last=2",
         "checkpoint.keep_best=1",
     )
-    first = run_pretrain(tmp_path, *run, "trainer.max_steps=20")
-    assert first.returncode == 0, first.stderr[-3000:]
+    # a copy of the session's run of those settings to step 10 (checkpoints at 5 and 10)
+    continue_run(ten_step_run(tmp_path_factory), tmp_path, "torn2")
     checkpoints = tmp_path / "out/gpt-tiny/torn2/checkpoints"
-    assert (checkpoints / "best-step0000020.ckpt").is_file()
-    for name, size in (("last.ckpt", 100_000), ("step0000020.ckpt", 5_000)):
+    assert (checkpoints / "best-step0000010.ckpt").is_file()
+    for name, size in (("last.ckpt", 100_000), ("step0000010.ckpt", 5_000)):
         (checkpoints / name).write_bytes((checkpoints / name).read_bytes()[:size])
-    resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=30", "resume=auto")
+    resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=15", "resume=auto")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     output = resumed.stdout + resumed.stderr
-    assert "best-step0000020.ckpt (step 20)" in resumed.stdout
-    for name in ("last.ckpt", "step0000020.ckpt"):
+    assert "best-step0000010.ckpt (step 10)" in resumed.stdout
+    for name in ("last.ckpt", "step0000010.ckpt"):
         assert f"moved aside to {name}.damaged" in output
     names = sorted(p.name for p in checkpoints.iterdir())
     best = [n for n in names if n.startswith("best-")]
-    assert best in (["best-step0000020.ckpt"], ["best-step0000030.ckpt"]), names
+    assert best in (["best-step0000010.ckpt"], ["best-step0000015.ckpt"]), names
     assert [n for n in names if n.startswith("step")] == [
-        "step0000010.ckpt",
-        "step0000020.ckpt.damaged",
-        "step0000030.ckpt",
+        "step0000005.ckpt",
+        "step0000010.ckpt.damaged",
+        "step0000015.ckpt",
     ]
-    later = run_pretrain(tmp_path, *run, "trainer.max_steps=40", "resume=auto")
+    later = run_pretrain(tmp_path, *run, "trainer.max_steps=20", "resume=auto")
     assert later.returncode == 0, later.stderr[-3000:]
     assert "skipping" not in later.stdout + later.stderr
     assert len(list(checkpoints.glob("best-*.ckpt"))) == 1
@@ -511,7 +515,7 @@ def test_resuming_from_the_end_of_run_checkpoint_logs_the_next_steps(tmp_path, t
     from it must log steps 6, 7, 8 after a first run's 1-5 (steps done), not 7, 8, 9."""
     run = ("model=gpt-tiny", "debug=smoke", "run_name=ended", "logger=csv")
     # a copy of the session's `make pretrain model=gpt-tiny debug=smoke`: 5 steps, saved at the end
-    run_dir = copy_run(smoke_run(tmp_path_factory, "gpt-tiny"), tmp_path / "out/gpt-tiny/ended")
+    run_dir = continue_run(smoke_run(tmp_path_factory, "gpt-tiny"), tmp_path, "ended")
     ended = run_dir / "checkpoints" / "last.ckpt"
     assert torch.load(ended, weights_only=True)["global_step"] == 5
     resumed = run_pretrain(tmp_path, *run, f"resume={ended}", "trainer.max_steps=8")
@@ -526,7 +530,9 @@ def test_a_resumed_run_trains_with_its_own_learning_rate(tmp_path, tmp_path_fact
     `optim.lr` must train at that one (with a warning), the schedule going on from the step."""
     run = ("model=gpt-tiny", "debug=smoke", "logger=csv", "checkpoint.every_n_steps=100")
     # the end of the session's `make pretrain model=gpt-tiny debug=smoke` (5 steps), read only
-    ended = smoke_run(tmp_path_factory, "gpt-tiny").folder / "checkpoints/last.ckpt"
+    smoke = smoke_run(tmp_path_factory, "gpt-tiny")
+    share_cache(smoke, tmp_path)
+    ended = smoke.folder / "checkpoints/last.ckpt"
     peak = torch.load(ended, weights_only=True)["lr_schedulers"][0]["base_lrs"][0]
 
     def logged_lrs(name: str, *extra: str) -> tuple[dict[int, float], str]:
@@ -629,7 +635,7 @@ def test_resume_keeps_exactly_keep_best_files_and_the_true_best(
     (The resumed run trains at a tiny learning rate, so its validations tie with step 10's.)"""
     run = (*TEN_STEPS, "run_name=best", f"checkpoint.keep_best={keep_best}")
     if keep_best == 1:  # the session's ten-step run has the default keep_best=1: a copy of it
-        copy_run(ten_step_run(tmp_path_factory), tmp_path / "out/gpt-tiny/best")
+        continue_run(ten_step_run(tmp_path_factory), tmp_path, "best")
     else:
         first = run_pretrain(tmp_path, *run, "trainer.max_steps=10")
         assert first.returncode == 0, first.stderr[-3000:]
@@ -650,7 +656,7 @@ def test_a_damaged_last_checkpoint_is_moved_aside_and_replaced(tmp_path, tmp_pat
     last.ckpt (the one `make generate ckpt=<run>` reads), the damaged file renamed, not lost."""
     run = (*TEN_STEPS, "run_name=torn")
     # a copy of the session's run of 10 steps, a checkpoint every 5
-    copy_run(ten_step_run(tmp_path_factory), tmp_path / "out/gpt-tiny/torn")
+    continue_run(ten_step_run(tmp_path_factory), tmp_path, "torn")
     checkpoints = tmp_path / "out/gpt-tiny/torn/checkpoints"
     last = checkpoints / "last.ckpt"
     torn = last.read_bytes()[: last.stat().st_size // 2]

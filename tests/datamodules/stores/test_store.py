@@ -26,7 +26,8 @@ from datamodules.stores.store import (
     tokenizer_hash,
 )
 from pipeline.pretrain.checks import check_config
-from tests.conftest import CONF, ListCorpus, compose_pretrain
+from tests.composed_configs import composed_pretrain
+from tests.conftest import CONF, ListCorpus
 from tokenizer import get_tokenizer, special_ids, tokenizer_cache_path
 
 BERT = StoreSettings(sentences=True)
@@ -345,8 +346,9 @@ def jsonl_corpus(tmp_path_factory, small_docs) -> dict[str, str]:
 
 def run_caches(cache, paths: dict[str, str], base: str, overrides: list[str]):
     """(tokenizer cache path, store stats) of the run `model=<base>` + `overrides`, as
-    `make prepare` makes them."""
-    cfg = compose_pretrain(
+    `make prepare` makes them (the base run's config, the same for every case, is composed
+    once)."""
+    cfg = composed_pretrain(
         f"model={base}",
         "data=jsonl",
         f"data.paths=['{paths['base']}']",
