@@ -105,11 +105,14 @@ report: $(STAMP)  ## Plots + HTML of runs from their logs: make report run=PATH[
 	@test -n "$(run)" || { echo "usage: make report run=outputs/<model>/<run_name>[,PATH2,...] [out=DIR]" >&2; exit 2; }
 	$(PY) -m pipeline.commands.report "$(run)" $(if $(out),--out "$(out)")
 
-test: $(STAMP)  ## Run the default test suite (no slow tests)
-	$(PY) -m pytest -m "not slow" -q
+# Test files run in parallel, one worker per core, a file's tests on one worker (they share its
+# trained runs); workers=0 runs them all in this one process (e.g. for pdb).
+workers ?= auto
+test: $(STAMP)  ## Run the default test suite (no slow tests), a worker per core: make test [workers=N]
+	$(PY) -m pytest -m "not slow" -q -n $(workers) --dist loadfile
 
 test-all: $(STAMP)  ## Run every test, slow ones included (GPU tests skip without a GPU)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(workers) --dist loadfile
 
 bench: $(STAMP)  ## Run every benchmark; write bench/results/<date>_<host>.json + .md (QUICK=1: < 5 min)
 	$(PRELOAD) $(PY) bench/run_all.py $(if $(QUICK),--quick)

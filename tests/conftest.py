@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
@@ -49,14 +50,28 @@ def pretrain_command(
     ]
 
 
+# Torch threads of a test's own runs and of the commands it starts: at most 2, and the cores
+# shared among pytest-xdist's workers (`make test` runs one per core), so that two workers never
+# run four threads on two cores. In-process runs and the processes a test starts use the same
+# number: runs compared bit for bit add their sums in the same order.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
+torch.set_num_threads(THREADS)
+
 # Environment of CLI subprocesses: offline, no inherited run stamp or debug switches, and no
 # wandb (the default logger list has it; tests/pipeline/test_loggers.py turns it on).
 CLI_ENV = {
     "PATH": "/usr/bin:/bin",
     "HF_HUB_OFFLINE": "1",
-    "OMP_NUM_THREADS": "2",
+    "OMP_NUM_THREADS": str(THREADS),
     "WANDB_MODE": "disabled",
 }
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under coverage (pytest-cov with `patch = subprocess`, which starts measuring before the
+    session), the commands the tests start are measured too: they get its settings."""
+    CLI_ENV.update({k: v for k, v in os.environ.items() if k.startswith("COVERAGE_")})
 
 
 def run_command(

@@ -46,7 +46,9 @@ def cpu_bf16_matmul_speedup(n: int = 1024, reps: int = 3) -> float:
     """fp32 time / bf16 time of an `n x n` matrix product on this CPU (best of `reps`)."""
 
     def best_time(dtype: torch.dtype) -> float:
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        # its own generator: measuring must not move the global one, which seeds the run
+        generator = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(n, n, dtype=dtype, generator=generator) for _ in range(2))
         a @ b  # warm-up
         times = []
         for _ in range(reps):

@@ -137,7 +137,8 @@ def test_two_runs_into_one_folder_the_second_refused_the_first_as_if_alone(tmp_p
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert not [n for n in names if "-v" in n], names
     assert (run_dir / LOCK_FILE).read_text() == ""  # released at the end
-    alone = run_pretrain(tmp_path, *run, "run_name=alone", first_lr)
+    # a process of its own, as the first: the two are compared bit for bit
+    alone = run_pretrain(tmp_path, *run, "run_name=alone", first_lr, process=True)
     assert alone.returncode == 0, alone.stderr[-3000:]
     alone_dir = tmp_path / "out/gpt-tiny/alone"
     assert names == sorted(p.name for p in (alone_dir / "checkpoints").iterdir())
