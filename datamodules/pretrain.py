@@ -59,7 +59,8 @@ from datamodules.run_stores import RunStores, corpora_of, prepare_stores, store_
 from datamodules.stores.build import open_or_build_store
 from datamodules.stores.resume_text import sources_changed, store_fingerprints
 from datamodules.stores.store import StoreStats, TokenStore
-from datamodules.streaming.loader import StreamedData, StreamLoader, streaming_refusal
+from datamodules.streaming.loader import StreamLoader
+from datamodules.streaming.mixed import streamed_data
 from tokenizer import SpecialIds
 
 log = logging.getLogger(__name__)
@@ -151,10 +152,8 @@ class PretrainDataModule(L.LightningDataModule):
         self.make_batches = BatchMaker(tokenizer)
         self.special: SpecialIds = self.make_batches.special
         self.stream = None
-        if streaming:
-            if refusal := streaming_refusal(corpus, objective):
-                raise DataSetupError(refusal)
-            self.stream = StreamedData(
+        if streaming:  # one corpus's stream, or a mixture's (refused when it cannot be)
+            self.stream = streamed_data(
                 corpus,
                 tokenizer,
                 self.settings,
@@ -365,6 +364,8 @@ class PretrainDataModule(L.LightningDataModule):
     def source_progress(self) -> dict[str, dict[str, float]]:
         """Per source of a mixture, what training has read so far (`MixtureBatches.progress`);
         empty for a single corpus."""
+        if self.stream is not None:
+            return self.stream.progress(self.position()[1])
         batches = self.train_set
         if not isinstance(batches, MixtureBatches):
             return {}
@@ -381,13 +382,11 @@ class PretrainDataModule(L.LightningDataModule):
 
     def _setup_stream(self, shard: dict[str, Any], builder: bool) -> None:
         """A streamed run's stream and validation batches (held out, or val_corpus's)."""
-        val_store = self.stream.setup(shard["rank"], shard["world_size"], self.val_corpus is None)
+        stores = self.stream.setup(shard["rank"], shard["world_size"], self.val_corpus is None)
         if self.val_corpus is not None:
-            val_store = self.stores.open(self.val_corpus, builder)
-        if val_store is not None:
-            self.val_documents = np.arange(val_store.num_documents)
-            val = {"split": VAL, "shuffle": False, **shard}
-            self.val_set = self.make_batches(val_store, self.val_documents, self.objective, **val)
+            stores = [self.stores.open(self.val_corpus, builder)]
+        val = {"split": VAL, "shuffle": False, **shard}
+        self.val_set = self.stream.validation_set(stores, self.make_batches, val)
         self.train_sets = [self.stream.dataset]
 
     def _steps_done(self) -> int | None:

@@ -21,8 +21,9 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from datamodules.corpora.corpus import DataSetupError
-from datamodules.corpora.mixture import MixtureCorpus
+from datamodules.corpora.mixture import MixtureCorpus, mixture_changed, resume_overrides
 from datamodules.corpora.pieces import file_pieces
+from datamodules.objectives.batches import BatchMaker
 from datamodules.objectives.loaders import ResumableLoader
 from datamodules.objectives.objective import Objective
 from datamodules.stores.encoding import BlockEncoder
@@ -55,10 +56,17 @@ _SETTINGS_MEANING = {
 
 def streaming_refusal(corpus, objective: Objective) -> str | None:
     """Why `corpus` and `objective` cannot be streamed (yet); None when they can."""
-    if isinstance(corpus, MixtureCorpus) or objective.phases:
+    if objective.phases:
         return (
-            "datamodule.streaming=true reads one corpus with one batch layout: not data=mixture "
-            "or objective.phases (not supported yet); drop one of them"
+            "datamodule.streaming=true reads one batch layout: not objective.phases (not "
+            "supported yet); drop objective.phases, or add datamodule.streaming=false"
+        )
+    if isinstance(corpus, MixtureCorpus) and corpus.by_epochs:
+        weights = {"by": "weights", "sources": corpus.names, "amounts": [1] * len(corpus.names)}
+        return (
+            "datamodule.streaming=true draws a mixture's sources by weight, and a stream has no "
+            "epoch length for data.epochs to count passes in; give each source a share "
+            f"instead, e.g. {resume_overrides(weights)}"
         )
     return None
 
@@ -83,9 +91,7 @@ class StreamPosition:
 
     def advance(self, record: StepRecord) -> None:
         """Count a step handed out, with its reader's state after it."""
-        before = self.states[record.reader]
-        carry = before.carry if record.carry is None else record.carry
-        self.states[record.reader] = ReaderState(record.cursor, carry, record.steps)
+        self.states[record.reader] = record.after(self.states[record.reader])
         self.handed += 1
         self._history.append((self.handed, dict(self.states)))
 
@@ -130,7 +136,8 @@ class StreamLoader(ResumableLoader):
 
 
 class StreamedData:
-    """The training stream and validation documents of a streamed run.
+    """The training stream and validation documents of a streamed run (of one corpus; a
+    mixture's: `datamodules.streaming.mixed.MixedStreamedData`).
 
     Args:
         corpus, tokenizer, settings, objective: the run's.
@@ -170,9 +177,11 @@ class StreamedData:
         self.position: StreamPosition | None = None
         self._pending: dict[str, Any] | None = None
 
-    def setup(self, rank: int, world_size: int, validate: bool) -> MemoryStore | None:
+    state_type = ReaderState  # a reader's state, as `_apply` reads it back
+
+    def setup(self, rank: int, world_size: int, validate: bool) -> list[MemoryStore]:
         """Hold out the validation documents (when `validate`: no separate validation corpus)
-        and make this rank's stream; returns the validation documents."""
+        and make this rank's stream; returns the validation documents (none, or one store)."""
         val_store, held_out = None, 0
         if validate:
             val_store, held_out = self.validation_documents(world_size)
@@ -206,7 +215,17 @@ class StreamedData:
         )
         if self._pending is not None:
             self._apply(self._pending)
-        return val_store
+        return [] if val_store is None else [val_store]
+
+    def validation_set(self, stores: list, make: BatchMaker, val: dict[str, Any]):
+        """The validation batches (an `EpochBatches`, or None) of `stores` (`setup`'s, or a
+        separate validation corpus's), made by `make` with `val` (`EpochBatches` keywords)."""
+        sets = [make(s, np.arange(s.num_documents), self.objective, **val) for s in stores]
+        return sets[0] if sets else None
+
+    def progress(self, steps: int) -> dict[str, dict[str, float]]:
+        """Per source of a mixture, what training has read by step `steps`: none here."""
+        return {}
 
     def validation_documents(self, world_size: int) -> tuple[MemoryStore | None, int]:
         """The first file's first documents, tokenized (at least the objective's
@@ -312,8 +331,14 @@ class StreamedData:
         if self.dataset is not None:
             self._apply(state)
 
+    def refusal(self, state: dict[str, Any]) -> str | None:
+        """Why this run cannot resume `state` on its text (or sampling); None when it can."""
+        if state.get("mixture") is not None:  # a streamed mixture's position
+            return mixture_changed(state["mixture"], None)
+        return text_changed(state.get("corpus"), self.corpus_key, self.corpus)
+
     def _apply(self, state: dict[str, Any]) -> None:
-        if refusal := text_changed(state.get("corpus"), self.corpus_key, self.corpus):
+        if refusal := self.refusal(state):
             raise DataSetupError(refusal)
         for key, value in self.settings_key().items():
             if state.get(key) != value:
@@ -326,7 +351,7 @@ class StreamedData:
                     "datamodule.val_fraction, gradient accumulation, number of processes and "
                     "datamodule.num_workers"
                 )
-        saved = {int(r): ReaderState.from_dict(s) for r, s in state["readers_state"].items()}
+        saved = {int(r): self.state_type.from_dict(s) for r, s in state["readers_state"].items()}
         mine = {r: saved[r] for r in self.position.states}
         self.position.restart(mine, int(state["step"]))
         log.info("streamed data position restored: step %d", state["step"])

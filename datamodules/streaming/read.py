@@ -132,6 +132,22 @@ class StepRecord:
     steps: int
     carry: np.ndarray | None
 
+    def after(self, before: ReaderState) -> ReaderState:
+        """The reader's state after this step, from its state `before` it."""
+        carry = before.carry if self.carry is None else self.carry
+        return ReaderState(self.cursor, carry, self.steps)
+
+
+def worker_reader(rank: int, workers: int) -> tuple[int, int]:
+    """(reader, loader worker) of the process asking, on `rank` with `workers` per rank."""
+    info = get_worker_info()
+    worker = info.id if info is not None else 0
+    if info is not None:
+        # one tokenizer thread per worker: the workers are the parallelism (and the
+        # tokenizers library would warn about threads used before the fork)
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    return rank * workers + worker, worker
+
 
 def stream_units(pieces: int, readers: int) -> list[tuple[int, int, int]]:
     """The units (file, j, k) of a corpus of `pieces` files for `readers` readers: each file
@@ -200,13 +216,7 @@ class StreamBatches(IterableDataset):
         self.resume: dict[int, ReaderState] = {}  # reader -> where it starts
 
     def __iter__(self) -> Iterator[tuple[StepRecord, list[dict[str, np.ndarray]]]]:
-        info = get_worker_info()
-        worker = info.id if info is not None else 0
-        if info is not None:
-            # one tokenizer thread per worker: the workers are the parallelism (and the
-            # tokenizers library would warn about threads used before the fork)
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        reader = self.rank * self.workers + worker
+        reader, worker = worker_reader(self.rank, self.workers)
         return self.steps(reader, worker, self.resume.get(reader, ReaderState()))
 
     def units_of(self, reader: int, epoch: int) -> list[tuple[int, int, int]]:
@@ -248,10 +258,21 @@ class StreamBatches(IterableDataset):
         self, reader: int, worker: int, state: ReaderState
     ) -> Iterator[tuple[StepRecord, list[dict[str, np.ndarray]]]]:
         """`reader`'s steps from `state` on."""
+        skip = state.steps
+        for cursor, steps, carry in self.blocks(reader, state):
+            for index in range(skip, len(steps)):
+                sent = carry if index == skip else None
+                yield StepRecord(reader, worker, cursor, index + 1, sent), steps[(0, index)]
+            skip = 0
+
+    def blocks(
+        self, reader: int, state: ReaderState
+    ) -> Iterator[tuple[Cursor, StepBatches | tuple, np.ndarray]]:
+        """`reader`'s blocks from `state`'s on: each one's cursor, steps and carry into it."""
         encoding = BlockEncoder(self.tokenizer, self.settings)
         make = BatchMaker(self.tokenizer)
         documents = self.documents(reader, state.cursor)
-        cursor, carry, skip = state.cursor, state.carry, state.steps
+        cursor, carry = state.cursor, state.carry
         while True:
             texts: list[str] = []
             size, target = 0, self.block_bytes
@@ -265,10 +286,8 @@ class StreamBatches(IterableDataset):
                         break
                 steps, rest = self.block(reader, cursor, encoding, make, texts, carry, size)
                 target = 2 * size  # a BERT block without a pair yet: read as much again
-            for index in range(skip, len(steps)):
-                sent = carry if index == skip else None
-                yield StepRecord(reader, worker, cursor, index + 1, sent), steps[(0, index)]
-            cursor, carry, skip = after, rest, 0
+            yield cursor, steps, carry
+            cursor, carry = after, rest
 
     def block(
         self,

@@ -5,6 +5,8 @@ and ends with the same weights."""
 from __future__ import annotations
 
 import csv
+import re
+import shlex
 import signal
 import subprocess
 import time
@@ -378,19 +380,26 @@ def metric_column(run_dir: Path, name: str) -> dict[int, float]:
         return {int(r["step"]): float(r[name]) for r in csv.DictReader(handle) if r.get(name)}
 
 
+def killed_and_resumed(tmp_path: Path, run: tuple[str, ...], name: str) -> tuple[Path, Path, int]:
+    """Run `run` uninterrupted (`<name>-reference`) and again killed (SIGKILL) at its step-10
+    checkpoint, then resumed (`<name>-killed`), which must end as the uninterrupted run did:
+    (the reference's folder, the resumed run's folder, the step it resumed from)."""
+    done = run_pretrain(tmp_path, *run, f"run_name={name}-reference")
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference_dir = tmp_path / f"out/bert-tiny/{name}-reference"
+    process = interrupt_mid_run(tmp_path, run, f"{name}-killed", signal.SIGKILL)
+    assert process.returncode == -signal.SIGKILL
+    start = assert_resumes_exactly(tmp_path, run, f"{name}-killed", reference_dir)
+    return reference_dir, tmp_path / f"out/bert-tiny/{name}-killed", start
+
+
 def test_killed_mixture_run_resumes_exactly_and_so_do_its_sources_counts(tmp_path):
     """data=<a mixture>: the resumed run logs every step's loss and every source's sequences,
     tokens and epochs as the uninterrupted run did; resuming with other weights is refused
     before anything is written."""
     mixture = write_two_source_mixture(tmp_path)
     run = (*RUN, *mixture, f"trainer.max_steps={STEPS}")
-    done = run_pretrain(tmp_path, *run, "run_name=mixture-reference")
-    assert done.returncode == 0, done.stderr[-3000:]
-    reference_dir = tmp_path / "out/bert-tiny/mixture-reference"
-    process = interrupt_mid_run(tmp_path, run, "mixture-killed", signal.SIGKILL)
-    assert process.returncode == -signal.SIGKILL
-    start = assert_resumes_exactly(tmp_path, run, "mixture-killed", reference_dir)
-    run_dir = tmp_path / "out/bert-tiny/mixture-killed"
+    reference_dir, run_dir, start = killed_and_resumed(tmp_path, run, "mixture")
     for source in ("alpha", "beta"):
         for figure in ("sequences", "tokens", "epochs"):
             name = f"data/{source}/{figure}"
@@ -471,6 +480,35 @@ def test_killed_streamed_run_resumes_exactly(tmp_path):
     process = interrupt_mid_run(tmp_path, run, "stream-killed", signal.SIGKILL)
     assert process.returncode == -signal.SIGKILL
     assert_resumes_exactly(tmp_path, run, "stream-killed", reference_dir)
+
+
+def test_killed_streamed_mixture_run_resumes_exactly_and_the_weights_fix_resumes(tmp_path):
+    """data=<a mixture> datamodule.streaming=true, 2 loader workers (BERT; GPT's mixed stream
+    keeps its readers' states in the same code): the resumed run logs every step's loss and
+    every source's sequences and tokens as the uninterrupted one did, validates each source,
+    and ends with the same weights; resuming with other weights is refused naming the
+    overrides, which, pasted, resume it."""
+    stream = ("datamodule.streaming=true", "datamodule.num_workers=2")
+    stream += ("datamodule.shuffle_buffer_mb=0.05",)
+    run = (*RUN, *stream, *write_two_source_mixture(tmp_path), f"trainer.max_steps={STEPS}")
+    reference_dir, run_dir, start = killed_and_resumed(tmp_path, run, "mixed")
+    for source in ("alpha", "beta"):
+        for figure in ("sequences", "tokens"):
+            name = f"data/{source}/{figure}"
+            expected, got = metric_column(reference_dir, name), metric_column(run_dir, name)
+            assert sorted(expected) == list(range(1, STEPS + 1))
+            assert all(got[s] == expected[s] for s in range(start + 1, STEPS + 1)), name
+        assert sorted(metric_column(reference_dir, f"val/{source}/loss")) == VALIDATED
+    reweighted = (*RUN, *stream, *write_two_source_mixture(tmp_path, "{alpha: 0.5, beta: 0.5}"))
+    more = ("trainer.max_steps=22", "run_name=mixed-killed", "resume=auto")
+    refused = run_pretrain(tmp_path, *reweighted, *more)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    [fix] = re.findall(r"\(add (.*?)\);", refused.stderr)
+    assert fix == "data.epochs=null 'data.weights={alpha: 0.7, beta: 0.3}'"
+    pasted = run_pretrain(tmp_path, *reweighted, *more, *shlex.split(fix))
+    assert pasted.returncode == 0, pasted.stderr[-3000:]
+    assert resumed_step(pasted.stdout) == STEPS
+    assert sorted(metric_column(run_dir, "data/beta/sequences"))[-2:] == [21, 22]
 
 
 def test_rerun_without_resume_refuses_to_overwrite_and_incompatible_config_is_named(
