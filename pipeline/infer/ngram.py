@@ -21,7 +21,10 @@ that every distribution sums to 1 over the vocabulary.
 
 The n-grams are kept as int64 keys (the ids in base vocab_size + 1) in sorted numpy arrays, so
 fitting is a sort per order and scoring a binary search: WikiText-2 (2.4 M tokens) fits in
-seconds and a few hundred MB.
+seconds and a few hundred MB. The highest order is counted `chunk_tokens` tokens at a time, each
+chunk's counts merged into the running table, so memory grows with the distinct n-grams of the
+corpus (16 bytes each, plus the same again while a chunk is merged), not with its length: a
+corpus of books (tens of millions of tokens) is counted without holding its tokens at once.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 from pipeline.run.errors import ConfigError
 
 MAX_KEY_BITS = 63
+CHUNK_TOKENS = 8_000_000  # n-grams counted at a time before they are merged into the table
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,15 @@ class KneserNey:
         self._orders = orders  # orders[k - 1]: the k-grams
 
     @classmethod
-    def fit(cls, documents: Iterable[np.ndarray], vocab_size: int, order: int = 3) -> KneserNey:
-        """Count the n-grams of `documents` (token-id arrays, ids below `vocab_size`).
+    def fit(
+        cls,
+        documents: Iterable[np.ndarray],
+        vocab_size: int,
+        order: int = 3,
+        chunk_tokens: int = CHUNK_TOKENS,
+    ) -> KneserNey:
+        """Count the n-grams of `documents` (token-id arrays, ids below `vocab_size`), about
+        `chunk_tokens` tokens at a time (the counts do not depend on it).
 
         Raises:
             ConfigError: an order below 1 or too high for the vocabulary (its n-gram keys would
@@ -75,14 +86,16 @@ class KneserNey:
                 f"an n-gram order of {order} is not possible with a {vocab_size:,}-token "
                 f"vocabulary; choose 1 to {longest}"
             )
-        keys = [
-            _keys(_padded(np.asarray(d, dtype=np.int64), order, vocab_size), order, base)
-            for d in documents
-            if len(d)
-        ]
-        if not keys:
+        grams, counts = _count(
+            (
+                _keys(_padded(np.asarray(d, dtype=np.int64), order, vocab_size), order, base)
+                for d in documents
+                if len(d)
+            ),
+            chunk_tokens,
+        )
+        if not len(grams):
             raise ConfigError("the n-gram model's corpus has no tokens; check the run's data")
-        grams, counts = np.unique(np.concatenate(keys), return_counts=True)
         orders = [_statistics(grams, counts, base)]
         for k in range(order - 1, 0, -1):
             # Continuation counts: how many distinct (k+1)-grams end in each k-gram.
@@ -145,6 +158,36 @@ def _padded(ids: np.ndarray, order: int, vocab_size: int) -> np.ndarray:
 def _keys(padded: np.ndarray, order: int, base: int) -> np.ndarray:
     """The key of every n-gram of `padded` that ends on a real token."""
     return _key_of(np.lib.stride_tricks.sliding_window_view(padded, order), base)
+
+
+def _count(keys: Iterable[np.ndarray], chunk_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct keys sorted, their counts) of all the key arrays `keys`, counted about
+    `chunk_tokens` keys at a time and merged into one table."""
+    grams, counts = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    chunk: list[np.ndarray] = []
+    held = 0
+
+    def merged() -> tuple[np.ndarray, np.ndarray]:
+        # both sorted and distinct: add the counts of the keys already held, insert the others
+        new, new_counts = np.unique(np.concatenate(chunk), return_counts=True)
+        at = np.searchsorted(grams, new)
+        known = at < len(grams)
+        known[known] = grams[at[known]] == new[known]
+        counts[at[known]] += new_counts[known]
+        fresh = ~known
+        return np.insert(grams, at[fresh], new[fresh]), np.insert(
+            counts, at[fresh], new_counts[fresh]
+        )
+
+    for array in keys:
+        chunk.append(array)
+        held += len(array)
+        if held >= chunk_tokens:
+            grams, counts = merged()
+            chunk, held = [], 0
+    if chunk:
+        grams, counts = merged()
+    return grams, counts
 
 
 def _key_of(symbols: np.ndarray, base: int) -> np.ndarray:

@@ -267,6 +267,21 @@ def test_kneser_ney_distributions_sum_to_one(order):
         assert distribution.min() > 0
 
 
+@pytest.mark.parametrize("chunk_tokens", [1, 37, 500])
+def test_kneser_ney_counted_in_chunks_is_the_model_counted_at_once(chunk_tokens):
+    """Counting a few n-grams at a time and merging the counts (what bounds memory on a large
+    corpus) gives every order exactly the counts and statistics of one count of the whole."""
+    rng = np.random.default_rng(7)
+    documents = [rng.zipf(1.3, size=rng.integers(1, 60)) % 40 for _ in range(200)]
+    whole = KneserNey.fit(documents, vocab_size=40, order=3, chunk_tokens=10**9)
+    chunked = KneserNey.fit(documents, vocab_size=40, order=3, chunk_tokens=chunk_tokens)
+    for ours, theirs in zip(chunked._orders, whole._orders, strict=True):
+        for name in ("grams", "counts", "contexts", "context_totals", "context_gamma"):
+            assert np.array_equal(getattr(ours, name), getattr(theirs, name)), name
+        assert ours.counts.dtype == np.int64
+    assert chunked.logprob(documents[3]) == whole.logprob(documents[3])
+
+
 def test_kneser_ney_refuses_what_it_cannot_count():
     with pytest.raises(ConfigError, match="an n-gram order of 6 is not possible"):
         KneserNey.fit([np.array([1, 2])], vocab_size=30_000, order=6)
