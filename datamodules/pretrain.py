@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import lightning as L
@@ -43,7 +43,7 @@ from tokenizers import Tokenizer
 
 from datamodules.corpora.corpus import DataSetupError
 from datamodules.corpora.mixture import MixtureCorpus
-from datamodules.objectives.batches import TRAIN, VAL, BatchMaker, EpochBatches, StepBatches
+from datamodules.objectives.batches import TRAIN, VAL, EpochBatches, StepBatches
 from datamodules.objectives.loaders import BatchLoader, PositionLoader
 from datamodules.objectives.mixed import InterleavedBatches, MixtureBatches, mixture_batches
 from datamodules.objectives.objective import Objective, Phase, phase_plan
@@ -61,6 +61,7 @@ from datamodules.stores.resume_text import sources_changed, store_fingerprints
 from datamodules.stores.store import StoreStats, TokenStore
 from datamodules.streaming.loader import StreamLoader
 from datamodules.streaming.mixed import streamed_data
+from datamodules.validation import ExtraValidation, ValidationBatchMaker, check_val_fraction
 from tokenizer import SpecialIds
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,8 @@ class PretrainDataModule(L.LightningDataModule):
         val_fraction: share of documents held out for validation when no `val_corpus` is
             given (whole documents; at least 2 with NSP); 0 disables validation.
         val_corpus: a separate validation corpus (then all training documents are used).
+        val_max_tokens, extra_validation: the tokens each validation set reads at most, and
+            named extra validation corpora, logged as val/<name>/ (`datamodules.validation`).
         num_workers: DataLoader worker processes (batches are identical for any number).
         micro_batches: training batches per optimizer step (gradient accumulation): the
             loader hands out whole steps (`datamodules.objectives.batches.StepBatches`), and the
@@ -105,6 +108,8 @@ class PretrainDataModule(L.LightningDataModule):
         seed: int = 1234,
         val_fraction: float = 0.01,
         val_corpus=None,
+        val_max_tokens: int | None = None,
+        extra_validation: Mapping[str, Any] | None = None,
         num_workers: int = 0,
         micro_batches: int = 1,
         max_steps: int | None = None,
@@ -118,12 +123,7 @@ class PretrainDataModule(L.LightningDataModule):
         world_size: int | None = None,
     ) -> None:
         super().__init__()
-        if not 0 <= val_fraction < 1:
-            raise DataSetupError(
-                f"datamodule.val_fraction={val_fraction!r} is not in [0, 1): it is the share of "
-                "documents held out for validation; e.g. datamodule.val_fraction=0.05, or "
-                "datamodule.val_fraction=0 for no validation"
-            )
+        check_val_fraction(val_fraction)
         self.corpus = corpus
         self.mixture = corpus if isinstance(corpus, MixtureCorpus) else None
         self.source_names: list[str] = self.mixture.names if self.mixture else []
@@ -149,7 +149,8 @@ class PretrainDataModule(L.LightningDataModule):
         self.chunk_mb = chunk_mb
         self._rank, self._world_size = rank, world_size
         self.settings = store_settings(objective, tokenizer)
-        self.make_batches = BatchMaker(tokenizer)
+        self.make_batches = ValidationBatchMaker(tokenizer, val_max_tokens)
+        self.extra_validation = ExtraValidation(extra_validation, self.source_names)
         self.special: SpecialIds = self.make_batches.special
         self.stream = None
         if streaming:  # one corpus's stream, or a mixture's (refused when it cannot be)
@@ -189,7 +190,7 @@ class PretrainDataModule(L.LightningDataModule):
     @property
     def stats(self) -> list[StoreStats]:
         """Stats of the stores opened or built (training first)."""
-        return self.stores.stats
+        return self.stores.stats + self.extra_validation.stats
 
     @property
     def train_set(self) -> EpochBatches | None:
@@ -235,6 +236,8 @@ class PretrainDataModule(L.LightningDataModule):
             return
         rank, world_size, builder = process_place(self.trainer, self._rank, self._world_size)
         shard = {"rank": rank, "world_size": world_size, "seed": self.seed}
+        first = self.phases[0].objective
+        self.extra_validation.make(self.stores, builder, self.make_batches, first, shard)
         if self.stream is not None:
             self._setup_stream(shard, builder)
             return
@@ -242,7 +245,6 @@ class PretrainDataModule(L.LightningDataModule):
         splits = self.documents.splits(world_size, builder)
         self.store, self.train_documents, _, self.val_documents = splits[0]
         self.source_splits = [(store, docs) for store, docs, _, _ in splits]
-        first = self.phases[0].objective
         val = {"split": VAL, "shuffle": False, **shard}
         val_sets = [
             self.make_batches(st, docs, first, **val) for _, _, st, docs in splits if len(docs)
@@ -291,9 +293,9 @@ class PretrainDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> BatchLoader | list:
         self._require_setup()
-        if self.val_set is None:
-            return []
-        return self._loader_for(self.val_set, EpochSampler(len(self.val_set), follow_epochs=False))
+        sets = ([] if self.val_set is None else [self.val_set]) + self.extra_validation.sets
+        loaders = [self._loader_for(s, EpochSampler(len(s), follow_epochs=False)) for s in sets]
+        return loaders if len(loaders) != 1 or self.extra_validation.sets else loaders[0]
 
     def state_dict(self) -> dict[str, Any]:
         """The training position: epoch, optimizer steps done in it, and what fixes the

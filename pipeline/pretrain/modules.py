@@ -21,6 +21,7 @@ from torchmetrics import MeanMetric
 
 from datamodules.objectives.batches import STEP_TOTAL, LossCount
 from datamodules.objectives.mixed import VAL_SOURCE
+from datamodules.validation import VAL_SET
 from models.bert import BertForPreTraining, pretraining_loss
 from models.config import BertConfig, GPTConfig, ModelConfig
 from models.flops import flops_per_token, param_count
@@ -80,6 +81,9 @@ class PretrainModule(L.LightningModule):
         # a mixture's validation metrics per source (`setup`), logged as val/<source>/<name>
         self.source_names: list[str] = []
         self.source_val_metrics = torch.nn.ModuleList()
+        # the extra validation sets' metrics (`setup`), logged as val/<set>/<name> only
+        self.extra_names: list[str] = []
+        self.extra_val_metrics = torch.nn.ModuleList()
 
     # subclasses --------------------------------------------------------------------------------
 
@@ -256,20 +260,31 @@ class PretrainModule(L.LightningModule):
             )
 
     def setup(self, stage: str) -> None:
-        """A mixture's sources (`PretrainDataModule.source_names`) get validation metrics of
-        their own; created here, before the strategy moves the module to its device."""
-        sources = getattr(self.trainer.datamodule, "source_names", None) or []
+        """A mixture's sources (`PretrainDataModule.source_names`) and the extra validation
+        sets (`datamodules.validation.ExtraValidation`) get validation metrics of their own;
+        created here, before the strategy moves the module to its device."""
+        datamodule = self.trainer.datamodule
+        sources = getattr(datamodule, "source_names", None) or []
         if sources and not len(self.source_val_metrics):
             self.source_names = list(sources)
-            for _ in sources:  # a list: any source name will do, none is a module's key
-                self.source_val_metrics.append(
-                    torch.nn.ModuleDict({name: MeanMetric() for name in self.metric_names()})
-                )
+            self.source_val_metrics.extend(self._metric_group() for _ in sources)
+        extra = getattr(getattr(datamodule, "extra_validation", None), "names", None) or []
+        if extra and not len(self.extra_val_metrics):
+            self.extra_names = list(extra)
+            self.extra_val_metrics.extend(self._metric_group() for _ in extra)
 
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+    def _metric_group(self) -> torch.nn.ModuleDict:
+        # kept in a list: any source or set name will do, none is a module's key
+        return torch.nn.ModuleDict({name: MeanMetric() for name in self.metric_names()})
+
+    def validation_step(
+        self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         groups = [self.val_metrics]
         if VAL_SOURCE in batch:  # a mixture's validation batch, from one source
             groups.append(self.source_val_metrics[int(batch[VAL_SOURCE])])
+        if VAL_SET in batch:  # an extra validation set's batch: its own metrics only
+            groups = [self.extra_val_metrics[int(batch[VAL_SET])]]
         for name, (value, count) in self.losses(batch).items():
             for metrics in groups:
                 if name in metrics and count > 0:
@@ -277,8 +292,13 @@ class PretrainModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_metrics("val", self.val_metrics)
-        for source, metrics in zip(self.source_names, self.source_val_metrics, strict=True):
-            self._log_metrics(f"val/{source}", metrics, prog_bar=False)
+        named = zip(
+            self.source_names + self.extra_names,
+            [*self.source_val_metrics, *self.extra_val_metrics],
+            strict=True,
+        )
+        for name, metrics in named:
+            self._log_metrics(f"val/{name}", metrics, prog_bar=False)
 
     def _log_metrics(self, split: str, metrics: torch.nn.ModuleDict, prog_bar: bool = True) -> None:
         """Log and reset prediction-weighted means (MeanMetric.compute() reduces over

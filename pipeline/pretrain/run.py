@@ -39,7 +39,7 @@ from pipeline.checkpoint.space import file_system
 from pipeline.finetune.settings import task_from
 from pipeline.pretrain.blimp_probe import BlimpProbe
 from pipeline.pretrain.budget import RunLength, TimeBudget
-from pipeline.pretrain.checks import WITHOUT_PROBES, RunPlan
+from pipeline.pretrain.checks import WITHOUT_PROBES, RunPlan, build
 from pipeline.pretrain.corpus_init import CorpusInit
 from pipeline.pretrain.modules import PretrainModule
 from pipeline.pretrain.passes import ManyPassesWarning
@@ -135,7 +135,10 @@ def sized_model_config(plan: RunPlan, tokenizer: Tokenizer):
 
 
 def build_datamodule(cfg: DictConfig, plan: RunPlan, tokenizer: Tokenizer) -> PretrainDataModule:
-    """The run's datamodule: its corpus and objective, batches of whole optimizer steps."""
+    """The run's datamodule: its corpus and objective, batches of whole optimizer steps, and
+    the corpora of its extra validation sets (`datamodule.extra_validation`)."""
+    options = dict(cfg.datamodule)
+    extra = options.pop("extra_validation", None) or {}
     return PretrainDataModule(
         plan.corpus,
         tokenizer,
@@ -144,7 +147,10 @@ def build_datamodule(cfg: DictConfig, plan: RunPlan, tokenizer: Tokenizer) -> Pr
         seed=cfg.seed,
         micro_batches=cfg.trainer.accumulate_grad_batches,
         max_steps=plan.length.max_steps,
-        **cfg.datamodule,
+        extra_validation={
+            name: build(f"datamodule.extra_validation.{name}", node) for name, node in extra.items()
+        },
+        **options,
     )
 
 
