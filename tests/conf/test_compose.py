@@ -36,7 +36,15 @@ from tests.pipeline.task_data import point_shipped_corpora_at
 # conf/task/ belongs to fine-tuning, not to pretrain.yaml; tests/datamodules/tasks/test_tasks.py
 # instantiates every task config. conf/suite/ belongs to glue.yaml (tests/pipeline/test_glue.py).
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("task", "suite"))
-FILE_DATA = {"text_files", "jsonl", "parquet", "wikitext2", "wikitext2_test"}
+FILE_DATA = {
+    "text_files",
+    "jsonl",
+    "parquet",
+    "wikitext2",
+    "wikitext2_test",
+    "gutenberg",
+    "gutenberg_valid",
+}
 # options that read task files from $GLUE_DIR (and WikiText-2 from $WIKITEXT2_DIR)
 GLUE_TEXTS_DATA = {"glue_texts", "wikitext2_glue_texts", "mixture"}
 
