@@ -195,6 +195,12 @@ SETTING_CHANGES = {
         "doc_split": [("record", True)],
     },
 }
+# configs of a corpus class above, other files (the books, WikiText-2's test articles)
+SETTING_CHANGES |= {
+    "wikitext2_test": SETTING_CHANGES["wikitext2"],
+    "gutenberg": SETTING_CHANGES["jsonl"],
+    "gutenberg_valid": SETTING_CHANGES["jsonl"],
+}
 
 
 def _data_files(tmp_path, name: str) -> tuple[str, str]:
@@ -204,7 +210,7 @@ def _data_files(tmp_path, name: str) -> tuple[str, str]:
         if name == "parquet":
             path = tmp_path / f"{stem}.parquet"
             pq.write_table(pa.table({"text": [f"{stem} text"], "body": [f"{stem} body"]}), path)
-        elif name == "jsonl":
+        elif name in ("jsonl", "gutenberg", "gutenberg_valid"):
             path = tmp_path / f"{stem}.jsonl"
             path.write_text(json.dumps({"text": f"{stem} text", "body": f"{stem} body"}) + "\n")
         else:
