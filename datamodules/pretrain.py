@@ -61,7 +61,7 @@ from datamodules.stores.resume_text import sources_changed, store_fingerprints
 from datamodules.stores.store import StoreStats, TokenStore
 from datamodules.streaming.loader import StreamLoader
 from datamodules.streaming.mixed import streamed_data
-from datamodules.validation import ExtraValidation, ValidationBatchMaker, check_val_fraction
+from datamodules.validation import ExtraValidation, ValidationBatchMaker, check_validation
 from tokenizer import SpecialIds
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class PretrainDataModule(L.LightningDataModule):
         world_size: int | None = None,
     ) -> None:
         super().__init__()
-        check_val_fraction(val_fraction)
+        check_validation(val_fraction, val_corpus, extra_validation)
         self.corpus = corpus
         self.mixture = corpus if isinstance(corpus, MixtureCorpus) else None
         self.source_names: list[str] = self.mixture.names if self.mixture else []

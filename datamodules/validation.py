@@ -36,13 +36,21 @@ from datamodules.streaming.read import MemoryStore
 VAL_SET = "val_set"  # key of an extra validation set's batch: the set's index (a 0-d array)
 
 
-def check_val_fraction(val_fraction: float) -> None:
-    """Raise `DataSetupError` unless `datamodule.val_fraction` is in [0, 1)."""
+def check_validation(val_fraction: float, val_corpus: Any, extra: Mapping | None) -> None:
+    """Raise `DataSetupError` unless `datamodule.val_fraction` is in [0, 1), and unless a run
+    with extra validation sets has its own validation too (its `val/loss` is what the best
+    checkpoints and the end-of-run summary go by)."""
     if not 0 <= val_fraction < 1:
         raise DataSetupError(
             f"datamodule.val_fraction={val_fraction!r} is not in [0, 1): it is the share of "
             "documents held out for validation; e.g. datamodule.val_fraction=0.05, or "
             "datamodule.val_fraction=0 for no validation"
+        )
+    if extra and val_fraction == 0 and val_corpus is None:
+        raise DataSetupError(
+            "datamodule.extra_validation needs the run's own validation beside it (val/loss, "
+            "which the best checkpoints go by), and datamodule.val_fraction=0 holds none out; "
+            "e.g. datamodule.val_fraction=0.05"
         )
 
 
@@ -127,10 +135,10 @@ class ValidationBatchMaker(BatchMaker):
 
     def __call__(self, store, documents: np.ndarray, objective, **shard) -> EpochBatches:
         if shard.get("split") == VAL and self.max_tokens is not None:
-            whole = len(documents)
-            store, documents = first_tokens(store, documents, self.max_tokens)
-            if len(documents) < whole:
-                self._check_bounded(store, documents, objective, shard["world_size"])
+            capped, documents = first_tokens(store, documents, self.max_tokens)
+            if capped is not store:  # cut at the bound (between documents or inside one)
+                self._check_bounded(capped, documents, objective, shard["world_size"])
+            store = capped
         return super().__call__(store, documents, objective, **shard)
 
     def _check_bounded(self, store, documents: np.ndarray, objective, world_size: int) -> None:

@@ -55,7 +55,8 @@ def pretrain_command(
 # run four threads on two cores. In-process runs and the processes a test starts use the same
 # number: runs compared bit for bit add their sums in the same order.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+THREADS = max(1, min(2, CORES // WORKERS))
 torch.set_num_threads(THREADS)
 
 # Environment of CLI subprocesses: offline, no inherited run stamp or debug switches, and no
@@ -110,7 +111,11 @@ def launches_processes(args: Sequence[str]) -> bool:
     one process per device)."""
     for arg in args:
         key, _, value = arg.lstrip("+").partition("=")
-        if key in ("trainer.devices", "trainer.num_nodes") and value.isdigit() and int(value) > 1:
+        if key not in ("trainer.devices", "trainer.num_nodes"):
+            continue
+        if value.lstrip("-").isdigit() and (int(value) > 1 or int(value) == -1):  # -1: all
+            return True
+        if value.startswith("[") and "," in value:  # a list of devices
             return True
     return False
 

@@ -170,6 +170,46 @@ def test_a_bound_below_a_window_is_refused(embedded, bpe, cache_dir):
     assert "\n" not in str(err.value)
 
 
+def test_a_bound_inside_the_only_document_below_a_window_per_process_is_refused(
+    embedded, bpe, cache_dir, small_docs
+):
+    """One long validation document cut inside by the bound: 1.5 windows cannot give each of 2
+    processes a window, which is refused as a cut between documents is, not left empty."""
+    book = ListCorpus([" ".join(small_docs)])
+    with pytest.raises(DataSetupError, match="raise datamodule.val_max_tokens") as err:
+        gpt_module(
+            embedded,
+            bpe,
+            cache_dir,
+            val_corpus=book,
+            val_max_tokens=3 * SEQ_LEN // 2,
+            rank=0,
+            world_size=2,
+        )
+    assert "\n" not in str(err.value)
+    # two windows and the last target are enough
+    dm = gpt_module(
+        embedded,
+        bpe,
+        cache_dir,
+        val_corpus=book,
+        val_max_tokens=2 * SEQ_LEN + 1,
+        rank=0,
+        world_size=2,
+    )
+    assert read_tokens(batches_of(loaders(dm)[0])) == SEQ_LEN + 1
+
+
+def test_extra_sets_without_the_runs_own_validation_are_refused(embedded, bpe, cache_dir):
+    objective = CausalLMObjective(seq_len=SEQ_LEN, batch_size=4)
+    extra = {"held": ListCorpus(["x y"])}
+    with pytest.raises(DataSetupError, match="needs the run's own validation") as err:
+        PretrainDataModule(
+            embedded, bpe, objective, cache_dir, val_fraction=0, extra_validation=extra
+        )
+    assert "\n" not in str(err.value) and "datamodule.val_fraction=0.05" in str(err.value)
+
+
 def two_sources(folder: Path, docs: list[str]) -> MixtureCorpus:
     (folder / "alpha.txt").write_text("\n\n".join(docs[:15]))
     (folder / "beta.txt").write_text("\n\n".join(docs[15:30]))
