@@ -214,7 +214,7 @@ class ExtraValidation:
             stores.chunk_mb,
             stores.wait_timeout_s,
         )
-        own.stats = self.stats = []
+        self.stats = own.stats  # filled as the sets' stores are opened
         val = {"split": VAL, "shuffle": False, **shard}
         self.sets = []
         for index, (name, corpus) in enumerate(self.corpora.items()):
