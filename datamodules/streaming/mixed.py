@@ -281,7 +281,11 @@ class MixedStreamedData(StreamedData):
         return {name: part.corpus_key for name, part in zip(self.names, self.parts, strict=True)}
 
     def first_step(self) -> list[dict[str, np.ndarray]]:
-        """The first reader's first step, made here (a source that makes none fails now)."""
+        """The first reader's first step, made here, after a first row of every source: a
+        source that makes none fails now, named, however seldom its weight draws it."""
+        for part in self.parts:
+            with self.corpus.naming(part.corpus):
+                next(part.dataset.steps(0, 0, ReaderState()))
         return next(self.dataset.steps(0, 0, MixedState.fresh(len(self.parts))))[1]
 
     def settings_key(self) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 every row comes from the source its step's draw names, the sources' shares match the weights for
 both families, and each step's micro-batches carry its loss counts; resume is exact (also through
 a Lightning checkpoint); other weights and an edited source are refused with a fix that works;
-a mixture by epochs is refused in one line whose fix, pasted, passes the config check.
+a mixture by epochs is refused in one line whose fix, pasted, passes the config check; a source
+that makes no row fails at setup, named, even at a weight the first step does not draw.
 (The SIGKILL-and-resume run: tests/pipeline/test_resume.py::test_killed_streamed_mixture_...)"""
 
 from __future__ import annotations
@@ -226,3 +227,21 @@ def test_a_mixture_by_epochs_is_refused_in_one_line_whose_fix_passes(
     fix = str(checked.value).split("e.g. ")[1]
     plan = check_config(compose_pretrain(*run, "datamodule.streaming=true", *shlex.split(fix)))
     assert plan.corpus.spec()["by"] == "weights"  # the pasted fix passes the check
+
+
+def test_a_source_that_makes_no_row_fails_at_setup_named_however_seldom_drawn(
+    make_dm, sources, tmp_path
+):
+    """A BERT source of one-sentence documents makes no sentence pair. At a weight that the
+    first step does not draw, the run still fails before it starts, naming the source (it
+    failed only when first drawn, inside a loader worker)."""
+    lines = [f"Line number {i} stands alone without another." for i in range(40)]
+    (tmp_path / "gamma.txt").write_text("\n\n".join(lines) + "\n")
+    corpora = {n: TextFilesCorpus(str(sources / f"{n}.txt"), doc_split="blank_line") for n in NAMES}
+    corpora["gamma"] = TextFilesCorpus(str(tmp_path / "gamma.txt"), doc_split="blank_line")
+    weights = {"alpha": 0.7, "beta": 0.3, "gamma": 0.001}
+    dm = make_dm("bert", corpus=MixtureCorpus(corpora, weights=weights))
+    [drawn] = step_rows(SEED, 0, 0, np.array(list(weights.values())) / 1.001, 4, 1)
+    assert drawn[2] == 0  # the first step reads nothing of gamma
+    with pytest.raises(DataSetupError, match=r"^data\.sources\.gamma: .*no BERT sentence pair"):
+        dm.check_documents()
