@@ -28,14 +28,16 @@ first block's attention on, every position sees the mask. The scores are those o
 forward pass per copy up to fp32 rounding (tests/pipeline/test_sentence_scoring.py). Sentences of
 the same tokens are scored once, so that they get the same score to the last bit: a pair whose
 two sentences are the same (BLiMP has a few) ties, whatever batches they would have fallen in.
+On a CPU, batches run side by side, one per torch thread (`SentenceScorer._scored`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from tokenizers import Tokenizer
@@ -47,6 +49,8 @@ from pipeline.run.families import family_named
 from tokenizer import special_ids
 
 PLL_METHODS = ("word_l2r", "token")
+Batch = TypeVar("Batch")
+Scored = TypeVar("Scored")
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,9 @@ class SentenceScorer:
         encoded = [encoded[i] for i in kept]
         limit = self.pretrained.model.config.max_seq_len
         _check_length(max((len(ids) - 1 for ids in encoded), default=0), limit)
-        scores = torch.zeros(len(encoded), dtype=torch.float64)
-        for rows in self._batches(_by_length(encoded), "sentences"):
+        model = self.pretrained.model
+
+        def score(rows: list[int]) -> tuple[list[int], torch.Tensor]:
             width = max(len(encoded[r]) for r in rows) - 1
             inputs = torch.full((len(rows), width), start, dtype=torch.long)
             targets = torch.zeros((len(rows), width), dtype=torch.long)
@@ -113,9 +118,12 @@ class SentenceScorer:
                 ids = torch.tensor(encoded[r])
                 inputs[row, : len(ids) - 1], targets[row, : len(ids) - 1] = ids[:-1], ids[1:]
                 counted[row, : len(ids) - 1] = True
-            logits = self._run(self.pretrained.model, inputs).logits.float()
+            logits = self._run(model, inputs).logits.float()
             token_logp = logits.log_softmax(-1).gather(-1, targets.to(logits.device)[..., None])
-            sums = (token_logp[..., 0] * counted.to(logits.device)).sum(-1).double().cpu()
+            return rows, (token_logp[..., 0] * counted.to(logits.device)).sum(-1).double().cpu()
+
+        scores = torch.zeros(len(encoded), dtype=torch.float64)
+        for rows, sums in self._scored(score, self._batches(_by_length(encoded), "sentences")):
             scores[torch.tensor(rows)] = sums
         return scores[same_as].tolist()
 
@@ -136,11 +144,15 @@ class SentenceScorer:
         copies = sum(mask.count(0) for mask in (e.special_tokens_mask for e in encodings))
         word_l2r, mask = self.pll == "word_l2r", special_ids(tokenizer).mask
         bar = tqdm(total=copies, desc="scoring masked", unit=" copies", disable=not self.progress)
+
+        def score(batch: MaskedCopies) -> tuple[MaskedCopies, torch.Tensor]:
+            logits = self._run(model.mlm_logits_at, batch.ids, batch.at).float()
+            target = batch.target.to(logits.device)[:, None]
+            return batch, logits.log_softmax(-1).gather(-1, target)[:, 0].double().cpu()
+
+        batches = _masked_copies(encodings, mask, self.batch_size, word_l2r=word_l2r)
         with bar:
-            for batch in _masked_copies(encodings, mask, self.batch_size, word_l2r=word_l2r):
-                logits = self._run(model.mlm_logits_at, batch.ids, batch.at).float()
-                target = batch.target.to(logits.device)[:, None]
-                logp = logits.log_softmax(-1).gather(-1, target)[:, 0].double().cpu()
+            for batch, logp in self._scored(score, batches):
                 scores.index_add_(0, batch.sentence, logp)
                 bar.update(len(batch.at))
         return scores[same_as].tolist()
@@ -149,6 +161,31 @@ class SentenceScorer:
         on_device = [t.to(self.device) for t in tensors]
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):  # fp32 (above)
             return forward(*on_device)
+
+    def _scored(
+        self, score: Callable[[Batch], Scored], batches: Iterable[Batch]
+    ) -> Iterator[Scored]:
+        """`map(score, batches)`, in order. On a CPU of several torch threads, that many
+        batches are scored at once, each on one thread: a small model's operations are too
+        short to keep several cores busy within one pass, whole passes side by side are not
+        (docs/benchmarks.md, BLiMP scoring). A batch's scores are those it gets alone on one
+        thread, to the last bit, and the caller sums them in batch order."""
+        threads = torch.get_num_threads() if self.device.type == "cpu" else 1
+        if threads == 1:
+            yield from map(score, batches)
+            return
+        torch.set_num_threads(1)  # what the pool's threads run with, read as each starts
+        try:
+            with ThreadPoolExecutor(threads) as pool:
+                pending: deque[Future[Scored]] = deque()
+                for batch in batches:
+                    pending.append(pool.submit(score, batch))
+                    if len(pending) == 2 * threads:  # a few ahead, not every batch at once
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+        finally:
+            torch.set_num_threads(threads)
 
     def _batches(self, order: list[int], unit: str) -> Iterator[list[int]]:
         starts = range(0, len(order), self.batch_size)

@@ -5,6 +5,7 @@ columns nobody scores)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -112,10 +113,12 @@ def test_copies_are_not_padded_and_the_last_block_runs_at_the_scored_token_only(
     encodings = [tokenizer.encode(s) for s in sentences]
     copies = [e.special_tokens_mask.count(0) for e in encodings]
     rows = {"first": 0, "last": 0}
+    counting = threading.Lock()  # batches may run on several threads at once
 
     def count(name):
         def hook(module, args):
-            rows[name] += args[0].shape[:-1].numel()
+            with counting:
+                rows[name] += args[0].shape[:-1].numel()
 
         return hook
 
@@ -147,3 +150,52 @@ def test_the_same_sentence_twice_gets_one_score_whichever_batches_it_falls_in(fa
         scores = scorer([same, *others, same])
         assert scores[0] == scores[-1], batch_size
         assert answers([Pair("p", "t", same, same)], scorer) == [False]
+
+
+@pytest.mark.parametrize("family", ["gpt", "bert"])
+def test_batches_scored_side_by_side_on_several_threads_are_the_one_thread_scores(family):
+    """On a CPU of several torch threads the scorer runs that many batches at once, each on one
+    thread: every score equals, to the last bit, the score of one batch at a time on one
+    thread, and the process's thread count is as it was, also after a failing batch."""
+    tokenizer = trained_tokenizer("bpe" if family == "gpt" else "wordpiece")
+    model = tiny_model(family, tokenizer, seed=3)
+    pretrained = Pretrained(family, model, tokenizer, Path("tiny"))
+    sentences = [
+        "The cat sat.",
+        "Who should Derek hug after shocking Richard?",
+        "Unquestionably, the astronomers disagreed about the comet's orbit.",
+        "It is.",
+        "Many girls have found themselves in the library this afternoon.",
+        "Some waiters who had boasted about the soup were hiding.",
+    ]
+    scorer = SentenceScorer(pretrained, CPU, batch_size=2)
+    seen = set()
+    for module in model.modules():  # the threads that run the model's layers
+        module.register_forward_pre_hook(lambda module, args: seen.add(threading.get_ident()))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = scorer(sentences)
+        torch.set_num_threads(3)
+        seen.clear()
+        side_by_side = scorer(sentences)
+        assert seen and threading.get_ident() not in seen  # run by the pool's threads
+        assert torch.get_num_threads() == 3
+        calls = 0
+
+        def fails_on_the_third(*args, **kwargs):
+            nonlocal calls
+            calls += 1
+            if calls == 3:
+                raise RuntimeError("out of memory")
+            return forward(*args, **kwargs)
+
+        name = "mlm_logits_at" if family == "bert" else "forward"
+        forward = getattr(model, name)
+        setattr(model, name, fails_on_the_third)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            SentenceScorer(pretrained, CPU, batch_size=1)(sentences)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
+    assert side_by_side == alone
