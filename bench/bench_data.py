@@ -1,8 +1,8 @@
 """Data-pipeline throughput: token-store building against raw `tokenizers`, DataLoader batches/s
 against the mini models' training-step rate.
 
-    python bench/bench_data.py [--quick] [--corpus full] [--reps 3] [--batches 200]
-                               [--out bench/results/data.json]
+    python bench/bench_data.py [--quick] [--corpus full] [--shards GLOB|none] [--reps 3]
+                               [--batches 200] [--out bench/results/data.json]
     make bench-data
 
 1. Store building: MB of raw text per second for building the BERT store (read, sentence-split,
@@ -26,6 +26,11 @@ against the mini models' training-step rate.
 Corpus (`--corpus`): WikiText-2 train (tokenized, 10.8 MB) from ../shared/data through the
 local-files source; `--quick` uses the 1.1 MB raw validation split; `embedded` (the built-in
 corpus) or a text file of your own.
+
+4. A corpus of real size (`--shards`, by default the 16 Gutenberg training shards of
+   ../shared/data, 407 MB of books; none with `--quick`): `make prepare` builds each family's store of the shards
+   with 1 and 2 processes (MB/s of text and peak memory, bench/shards.py), and the streamed
+   loader reads them (batches/s, 0 and 2 workers) against the mini model's step.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from bench.common import (
     number,
     require_data,
 )
+from bench.shards import GUTENBERG_SHARDS, Shards
 from datamodules.corpora.corpus import EmbeddedCorpus, TextFilesCorpus
 from datamodules.objectives.objective import CausalLMObjective, MaskedLMObjective
 from datamodules.pretrain import PretrainDataModule
@@ -95,6 +101,16 @@ def load_corpus(choice: str):
     elif not path.is_file():
         raise BenchError(f"--corpus {choice}: no such file; give full, quick, embedded or a file")
     return TextFilesCorpus(str(path), doc_split="wikitext"), path.name
+
+
+def read_shards(choice: str) -> Shards | None:
+    """`--shards`: none, gutenberg (../shared/data's books) or a glob of JSON Lines files."""
+    if choice == "none":
+        return None
+    if choice == "gutenberg":
+        require_data(GUTENBERG_SHARDS.parent, "the Gutenberg shards")
+        choice = str(GUTENBERG_SHARDS)
+    return Shards.read(choice)
 
 
 def bench_store(
@@ -252,6 +268,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--parallel-mb", type=float, default=100.0, help="text of the 1- vs 2-process builds"
     )
+    parser.add_argument(
+        "--shards",
+        help="a glob of JSON Lines shards for the real-size rows (default: the Gutenberg books "
+        "of ../shared/data; none with --quick), or none",
+    )
     parser.add_argument("--model-steps", type=int, default=5, help="timed mini-model steps")
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--size", choices=sorted(SIZES), default="mini", help="model preset")
@@ -263,6 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING)
 
     corpus, corpus_name = load_corpus(args.corpus or ("quick" if args.quick else "full"))
+    shards = read_shards(args.shards or ("none" if args.quick else "gutenberg"))
     docs = list(corpus.documents())
     cache = tempfile.TemporaryDirectory()
     results = {}
@@ -285,6 +307,14 @@ def main(argv: list[str] | None = None) -> dict:
             torch.device(args.device),
             preset=args.size,
         )
+        if shards is not None:
+            shard_tokenizer = shards.tokenizer(kind, args.vocab_size)
+            row["shards"] = shards.builds(name, shard_tokenizer)
+            row["shards"]["streaming"] = bench_streaming(
+                shards.corpus, shard_tokenizer, objective, cache.name, args.batches
+            )
+            best = max(r["batches_per_s"] for r in row["shards"]["streaming"])
+            row["shards"]["streaming_vs_model_steps"] = best / row["mini_model"]["steps_per_s"]
         row["best_loader_batches_per_s"] = max(r["batches_per_s"] for r in row["loader"])
         row["best_streaming_batches_per_s"] = max(r["batches_per_s"] for r in row["streaming"])
         row["loader_vs_model_steps"] = (
@@ -296,6 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "benchmark": "token-store MB/s vs raw tokenizers; DataLoader batches/s vs mini-model steps/s",
         "corpus": corpus_name,
+        "shards": None if shards is None else shards.pattern,
         "machine": machine(),
         "cpus": len(os.sched_getaffinity(0)),
         "model_device": args.device,
@@ -335,6 +366,17 @@ def figures(report: dict) -> list[dict]:
                     at_least=LOADER_TARGET,
                 )
             )
+        if "shards" in row:
+            rows.append(
+                figure(
+                    "data",
+                    f"{name} streaming loader on the shards batches/s vs model steps/s",
+                    max(r["batches_per_s"] for r in row["shards"]["streaming"]),
+                    row["mini_model"]["steps_per_s"],
+                    "per s",
+                    at_least=LOADER_TARGET,
+                )
+            )
     return rows
 
 
@@ -358,8 +400,7 @@ def table(report: dict) -> str:
                 f"{store['parallel_text_mb']:.0f} MB: {rates['files_1_process']:.2f} / "
                 f"{rates['files_2_processes']:.2f} ({store['two_processes_vs_one']:.2f}x)",
                 " / ".join(number(r["batches_per_s"]) for r in row["loader"]),
-                " / ".join(number(r["batches_per_s"]) for r in row["streaming"])
-                + f" (first {row['streaming'][1]['first_batch_s']:.1f} s)",
+                streaming_cell(row["streaming"]),
                 f"{row['mini_model']['steps_per_s']:.2f}",
                 f"{row['loader_vs_model_steps']:,.0f}x",
             ]
@@ -377,7 +418,47 @@ def table(report: dict) -> str:
         "model step/s",
         "loader / step",
     ]
-    return f"{head}\n\n{markdown_table(headers, rows)}"
+    tables = [f"{head}\n\n{markdown_table(headers, rows)}"]
+    if report.get("shards"):
+        tables.append(shards_table(report))
+    return "\n\n".join(tables)
+
+
+def streaming_cell(rows: list[dict]) -> str:
+    """Streamed batches/s with 0 / 2 workers, and the seconds to the 2 workers' first batch."""
+    rates = " / ".join(number(r["batches_per_s"]) for r in rows)
+    return f"{rates} (first {rows[1]['first_batch_s']:.1f} s)"
+
+
+def shards_table(report: dict) -> str:
+    """The rows of the JSON Lines shards: `make prepare` with 1 and 2 processes, and the
+    streamed loader against the model's step."""
+    rows = []
+    for name, row in report["results"].items():
+        shards = row["shards"]
+        one, two = shards["builds"]
+        rows.append(
+            [
+                name,
+                f"{shards['text_mb']:.0f} MB, {shards['documents']:,} documents, "
+                f"{shards['files']} files",
+                f"{one['mb_per_s']:.2f} MB/s ({one['seconds']:.0f} s), {one['peak_rss_mb']:,.0f} MB",
+                f"{two['mb_per_s']:.2f} MB/s ({two['seconds']:.0f} s), {two['peak_rss_mb']:,.0f} MB",
+                f"{shards['two_processes_vs_one']:.2f}x",
+                streaming_cell(shards["streaming"]),
+                f"{shards['streaming_vs_model_steps']:,.0f}x",
+            ]
+        )
+    headers = [
+        "model",
+        "shards",
+        "make prepare, 1 process: text MB/s (s), peak RSS",
+        "2 processes",
+        "2 / 1",
+        "streaming batches/s (0 / 2 workers)",
+        "streaming / step",
+    ]
+    return f"{report['shards']}:\n\n{markdown_table(headers, rows)}"
 
 
 if __name__ == "__main__":

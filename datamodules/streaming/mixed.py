@@ -283,9 +283,9 @@ class MixedStreamedData(StreamedData):
     def first_step(self) -> list[dict[str, np.ndarray]]:
         """The first reader's first step, made here, after a first row of every source: a
         source that makes none fails now, named, however seldom its weight draws it."""
-        for part in self.parts:
+        for part in self.parts:  # each source's first block is read twice: once here
             with self.corpus.naming(part.corpus):
-                next(part.dataset.steps(0, 0, ReaderState()))
+                part.first_step()
         return next(self.dataset.steps(0, 0, MixedState.fresh(len(self.parts))))[1]
 
     def settings_key(self) -> dict[str, Any]:

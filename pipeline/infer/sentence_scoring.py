@@ -28,7 +28,7 @@ first block's attention on, every position sees the mask. The scores are those o
 forward pass per copy up to fp32 rounding (tests/pipeline/test_sentence_scoring.py). Sentences of
 the same tokens are scored once, so that they get the same score to the last bit: a pair whose
 two sentences are the same (BLiMP has a few) ties, whatever batches they would have fallen in.
-On a CPU, batches run side by side, one per torch thread (`SentenceScorer._scored`).
+On a CPU, two batches run side by side, each on half the torch threads (`SentenceScorer._scored`).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from pipeline.run.families import family_named
 from tokenizer import special_ids
 
 PLL_METHODS = ("word_l2r", "token")
+SIDE_BY_SIDE = 2  # batches scored at once on a CPU, each on its share of the torch threads
 Batch = TypeVar("Batch")
 Scored = TypeVar("Scored")
 
@@ -63,6 +64,9 @@ class SentenceScorer:
         batch_size: sentences (causal) or masked copies (masked) per forward pass.
         pll: "word_l2r" or "token", for a masked model (`PLL_METHODS`).
         progress: show a progress bar.
+        side_by_side: on a CPU, score `SIDE_BY_SIDE` batches at once (`_scored`); False
+            for one at a time on all threads (the probe inside a training process, whose
+            model may be compiled and whose memory is the run's).
     """
 
     pretrained: Pretrained
@@ -70,6 +74,7 @@ class SentenceScorer:
     batch_size: int = 128
     pll: str = "word_l2r"
     progress: bool = False
+    side_by_side: bool = True
 
     def __post_init__(self) -> None:
         if self.pll not in PLL_METHODS:
@@ -165,26 +170,32 @@ class SentenceScorer:
     def _scored(
         self, score: Callable[[Batch], Scored], batches: Iterable[Batch]
     ) -> Iterator[Scored]:
-        """`map(score, batches)`, in order. On a CPU of several torch threads, that many
-        batches are scored at once, each on one thread: a small model's operations are too
-        short to keep several cores busy within one pass, whole passes side by side are not
-        (docs/benchmarks.md, BLiMP scoring). A batch's scores are those it gets alone on one
-        thread, to the last bit, and the caller sums them in batch order."""
-        threads = torch.get_num_threads() if self.device.type == "cpu" else 1
-        if threads == 1:
+        """`map(score, batches)`, in order. On a CPU of several torch threads, `SIDE_BY_SIDE`
+        batches are scored at once, each on its share of the threads: a small model's
+        operations are too short to keep several cores busy within one pass, two passes side
+        by side do better (docs/results/cpu-bench.md, BLiMP scoring). Scores are those of
+        one batch at a time on that share of the threads, and the caller sums them in batch
+        order; a failing batch cancels those not yet started."""
+        threads = torch.get_num_threads()
+        if not self.side_by_side or self.device.type != "cpu" or threads == 1:
             yield from map(score, batches)
             return
-        torch.set_num_threads(1)  # what the pool's threads run with, read as each starts
+        lanes = min(SIDE_BY_SIDE, threads)
+        torch.set_num_threads(threads // lanes)  # what each pool thread reads as it starts
+        pool = ThreadPoolExecutor(lanes, thread_name_prefix="sentence-scoring")
         try:
-            with ThreadPoolExecutor(threads) as pool:
-                pending: deque[Future[Scored]] = deque()
-                for batch in batches:
-                    pending.append(pool.submit(score, batch))
-                    if len(pending) == 2 * threads:  # a few ahead, not every batch at once
-                        yield pending.popleft().result()
-                while pending:
+            pending: deque[Future[Scored]] = deque()
+            for batch in batches:
+                pending.append(pool.submit(score, batch))
+                if len(pending) == 2 * lanes:  # a few ahead, not every batch at once
                     yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
         finally:
+            pool.shutdown()
             torch.set_num_threads(threads)
 
     def _batches(self, order: list[int], unit: str) -> Iterator[list[int]]:

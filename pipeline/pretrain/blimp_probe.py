@@ -78,7 +78,10 @@ class BlimpProbe(StepProbe):
         try:
             with torch.random.fork_rng(devices=devices):
                 pretrained = Pretrained(self.family, model, self.tokenizer, Path("training"))
-                scorer = SentenceScorer(pretrained, device, self.batch_size, self.pll)
+                # one batch at a time: the run's model may be compiled, its memory is the run's
+                scorer = SentenceScorer(
+                    pretrained, device, self.batch_size, self.pll, side_by_side=False
+                )
                 result = BlimpScores.of("model", self.pairs, answers(self.pairs, scorer))
         finally:
             model.train(training)

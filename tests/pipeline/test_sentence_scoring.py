@@ -5,7 +5,9 @@ columns nobody scores)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -154,9 +156,9 @@ def test_the_same_sentence_twice_gets_one_score_whichever_batches_it_falls_in(fa
 
 @pytest.mark.parametrize("family", ["gpt", "bert"])
 def test_batches_scored_side_by_side_on_several_threads_are_the_one_thread_scores(family):
-    """On a CPU of several torch threads the scorer runs that many batches at once, each on one
-    thread: every score equals, to the last bit, the score of one batch at a time on one
-    thread, and the process's thread count is as it was, also after a failing batch."""
+    """On a CPU of 3 torch threads the scorer runs 2 batches at once, each on one thread (3 // 2):
+    every score equals, to the last bit, the score of one batch at a time on one thread, and
+    the process's thread count is as it was, also after a failing batch."""
     tokenizer = trained_tokenizer("bpe" if family == "gpt" else "wordpiece")
     model = tiny_model(family, tokenizer, seed=3)
     pretrained = Pretrained(family, model, tokenizer, Path("tiny"))
@@ -169,9 +171,13 @@ def test_batches_scored_side_by_side_on_several_threads_are_the_one_thread_score
         "Some waiters who had boasted about the soup were hiding.",
     ]
     scorer = SentenceScorer(pretrained, CPU, batch_size=2)
-    seen = set()
-    for module in model.modules():  # the threads that run the model's layers
-        module.register_forward_pre_hook(lambda module, args: seen.add(threading.get_ident()))
+    seen = {}  # thread -> the torch threads it ran the model's layers with
+
+    def note_thread(module, args) -> None:
+        seen[threading.get_ident()] = torch.get_num_threads()
+
+    for module in model.modules():
+        module.register_forward_pre_hook(note_thread)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -180,13 +186,14 @@ def test_batches_scored_side_by_side_on_several_threads_are_the_one_thread_score
         seen.clear()
         side_by_side = scorer(sentences)
         assert seen and threading.get_ident() not in seen  # run by the pool's threads
+        assert set(seen.values()) == {1}
         assert torch.get_num_threads() == 3
-        calls = 0
+        calls, counting = itertools.count(1), threading.Lock()
 
         def fails_on_the_third(*args, **kwargs):
-            nonlocal calls
-            calls += 1
-            if calls == 3:
+            with counting:
+                call = next(calls)
+            if call == 3:
                 raise RuntimeError("out of memory")
             return forward(*args, **kwargs)
 
@@ -199,3 +206,19 @@ def test_batches_scored_side_by_side_on_several_threads_are_the_one_thread_score
     finally:
         torch.set_num_threads(threads)
     assert side_by_side == alone
+
+
+def test_a_scorer_told_not_to_runs_one_batch_at_a_time_on_all_threads():
+    """`side_by_side=False` (the probe inside a training run) scores in the calling thread."""
+    tokenizer = trained_tokenizer("bpe")
+    model = tiny_model("gpt", tokenizer, seed=3)
+    seen = set()
+    model.register_forward_pre_hook(lambda module, args: seen.add(threading.get_ident()))
+    scorer = SentenceScorer(Pretrained("gpt", model, tokenizer, Path("tiny")), CPU, batch_size=1)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        replace(scorer, side_by_side=False)(["The cat sat.", "It is.", "A dog ran home."])
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == {threading.get_ident()}

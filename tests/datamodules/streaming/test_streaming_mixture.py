@@ -241,7 +241,8 @@ def test_a_source_that_makes_no_row_fails_at_setup_named_however_seldom_drawn(
     corpora["gamma"] = TextFilesCorpus(str(tmp_path / "gamma.txt"), doc_split="blank_line")
     weights = {"alpha": 0.7, "beta": 0.3, "gamma": 0.001}
     dm = make_dm("bert", corpus=MixtureCorpus(corpora, weights=weights))
-    [drawn] = step_rows(SEED, 0, 0, np.array(list(weights.values())) / 1.001, 4, 1)
+    stream = dm.stream
+    [drawn] = step_rows(SEED, 0, 0, stream.weights, dm.objective.batch_size, stream.micro_batches)
     assert drawn[2] == 0  # the first step reads nothing of gamma
     with pytest.raises(DataSetupError, match=r"^data\.sources\.gamma: .*no BERT sentence pair"):
         dm.check_documents()
