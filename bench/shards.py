@@ -17,7 +17,6 @@ process's own memory does not count: with 2 processes, that of the largest.
 
 from __future__ import annotations
 
-import itertools
 import re
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from bench.common import SHARED, BenchError, child_env, run_measured
 from datamodules.corpora.corpus import CorpusError, JsonlCorpus
 from pipeline.run.config_keys import hydra_value
 from tokenizer import batched, train_tokenizer
+from tokenizer.spec import first_text
 
 GUTENBERG_SHARDS = SHARED / "gutenberg" / "train-*.jsonl.gz"
 TOKENIZER_MB = 10.0  # text the bench's tokenizers are trained on (from the first shard)
@@ -63,16 +63,10 @@ class Shards:
         return cls(pattern, corpus, size / 1e6, count)
 
     def tokenizer(self, kind: str, vocab_size: int) -> Tokenizer:
-        """A `kind` tokenizer trained on the first `TOKENIZER_MB` of the first shard."""
-        budget = int(TOKENIZER_MB * 1e6)
-
-        def until_budget(document: str) -> bool:
-            nonlocal budget
-            left, budget = budget, budget - len(document.encode())
-            return left > 0
-
-        first = JsonlCorpus(paths=[str(self.corpus.files[0])]).documents()
-        return train_tokenizer(kind, batched(itertools.takewhile(until_budget, first)), vocab_size)
+        """A `kind` tokenizer trained on the first `TOKENIZER_MB` of the shards (as
+        `tokenizer.sample_mb` would train it: the first shard's first books)."""
+        texts = first_text(self.corpus.documents(), int(TOKENIZER_MB * 1e6))
+        return train_tokenizer(kind, batched(texts), vocab_size)
 
     def builds(self, family: str, tokenizer: Tokenizer) -> dict:
         """`family`'s store of the shards built by `make prepare` with 1 and then 2 processes,
@@ -107,7 +101,7 @@ def timed_build(
 ) -> dict:
     """Wall seconds and peak RSS (MB, of its largest process) of `make prepare` building
     `family`'s store of the shards into the empty folder `cache` with `workers` processes,
-    and the parts the log says it built them in (1 for one process)."""
+    and the processes its log says it tokenized with (1 when it logs no parallel build)."""
     command = [
         sys.executable,
         "-m",
