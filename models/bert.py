@@ -5,7 +5,10 @@ Shapes: B batch, T tokens, D width, H heads, E head size, F feed-forward width, 
 N masked positions (flattened over the batch), P masked positions per row.
 
 Post-LN blocks as in the original: x = LN(x + attn(x)), x = LN(x + ffn(x)); exact (erf) GELU;
-learned absolute positions and token types.
+learned absolute positions and token types. Two options the original does not have, for
+pretraining from scratch (`BertConfig`): rotary positions on the queries and keys instead of the
+position table (`position_encoding=rotary`), and pre-norm blocks, x = x + f(LN(x)), closed by a
+final LayerNorm (`norm_placement=pre`). A model with either does not export to Hugging Face.
 
 Training uses the gathered MLM path: pass `masked_positions` and the MLM head (dense + GELU +
 LayerNorm + tied decoder over V words) runs on the ~15% masked tokens only, instead of all
@@ -24,7 +27,15 @@ from torch import nn
 from models.config import BertConfig
 from models.hf_bert import BertMapping
 from models.hf_mapping import HFMapping
-from models.layers import attention, fused_linear, merge_heads, split_heads
+from models.layers import (
+    apply_rotary,
+    attention,
+    compute_dtype,
+    fused_linear,
+    merge_heads,
+    rope_cos_sin,
+    split_heads,
+)
 
 __all__ = [
     "BertConfig",
@@ -39,12 +50,13 @@ __all__ = [
 
 
 class BertEmbeddings(nn.Module):
-    """word + position + token type, then LayerNorm and dropout."""
+    """word + position (absolute encoding only) + token type, then LayerNorm and dropout."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.word = nn.Embedding(config.vocab_size, config.d_model)
-        self.position = nn.Embedding(config.max_seq_len, config.d_model)
+        # rotary positions rotate the queries and keys in every block instead
+        self.position = None if config.rotary else nn.Embedding(config.max_seq_len, config.d_model)
         self.token_type = nn.Embedding(config.type_vocab_size, config.d_model)
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
@@ -53,17 +65,12 @@ class BertEmbeddings(nn.Module):
         self,
         input_ids_BT: torch.Tensor,
         token_type_ids_BT: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
+        position_ids: torch.Tensor,
     ) -> torch.Tensor:
         """(B, T) ids -> (B, T, D)."""
-        T = input_ids_BT.shape[1]
-        if self.position.num_embeddings < T:
-            raise ValueError(
-                f"sequence of {T} tokens exceeds model.max_seq_len={self.position.num_embeddings}"
-            )
-        if position_ids is None:
-            position_ids = torch.arange(T, device=input_ids_BT.device)
-        x_BTD = self.word(input_ids_BT) + self.position(position_ids)
+        x_BTD = self.word(input_ids_BT)
+        if self.position is not None:
+            x_BTD = x_BTD + self.position(position_ids)
         if token_type_ids_BT is None:
             x_BTD = x_BTD + self.token_type.weight[0]
         else:
@@ -71,15 +78,19 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.norm(x_BTD))
 
 
+Rotary = tuple[torch.Tensor, torch.Tensor]  # cos, sin (B or 1, T, 1, E) of `rope_cos_sin`
+
+
 class BertLayer(nn.Module):
-    """Post-LN transformer block with a fused QKV projection (`qkv.weight` stacks HF query,
-    key, value rows)."""
+    """Transformer block with a fused QKV projection (`qkv.weight` stacks HF query, key, value
+    rows): post-LN as the original, or pre-norm (`BertConfig.norm_placement`)."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         D = config.d_model
         self.n_heads = config.n_heads
         self.attn_dropout = config.attn_dropout
+        self.pre_norm = config.pre_norm
         self.qkv = fused_linear(D, (D, D, D))
         self.attn_out = nn.Linear(D, D)
         self.attn_norm = nn.LayerNorm(D, eps=config.layer_norm_eps)
@@ -92,24 +103,29 @@ class BertLayer(nn.Module):
         self,
         x_BTD: torch.Tensor,
         mask_B11T: torch.Tensor | None,
+        rotary: Rotary | None = None,
         at_B: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """(B, T, D) -> (B, T, D); `mask_B11T` True where a key is a real token.
+        """(B, T, D) -> (B, T, D); `mask_B11T` True where a key is a real token; `rotary` the
+        rotation of every position, for rotary models.
 
         With `at_B` (B,) the block's output at column `at_B[b]` of each row only, (B, 1, D):
         the keys and values still read every token, but the query, the output projection and
         the feed-forward run on one position instead of T (the last block of a model read at
         one position per row).
         """
+        h_BTD = self.attn_norm(x_BTD) if self.pre_norm else x_BTD
         if at_B is None:
-            q_BTD, k_BTD, v_BTD = self.qkv(x_BTD).chunk(3, dim=-1)
+            q_BTD, k_BTD, v_BTD = self.qkv(h_BTD).chunk(3, dim=-1)
         else:
             rows_B = torch.arange(len(at_B), device=at_B.device)
-            x_BTD, keys_BTD = x_BTD[rows_B, at_B][:, None], x_BTD  # T = 1 for the queries
+            x_BTD = x_BTD[rows_B, at_B][:, None]  # T = 1 for the queries and the residual
             D = x_BTD.shape[-1]
             weight, bias = self.qkv.weight, self.qkv.bias  # rows: query, key, value
-            q_BTD = F.linear(x_BTD, weight[:D], bias[:D])
-            k_BTD, v_BTD = F.linear(keys_BTD, weight[D:], bias[D:]).chunk(2, dim=-1)
+            q_BTD = F.linear(h_BTD[rows_B, at_B][:, None], weight[:D], bias[:D])
+            k_BTD, v_BTD = F.linear(h_BTD, weight[D:], bias[D:]).chunk(2, dim=-1)
+        if rotary is not None:
+            q_BTD, k_BTD = self._rotated(q_BTD, k_BTD, rotary, at_B)
         y_BHTE = attention(
             split_heads(q_BTD, self.n_heads),
             split_heads(k_BTD, self.n_heads),
@@ -117,9 +133,28 @@ class BertLayer(nn.Module):
             mask=mask_B11T,
             dropout_p=self.attn_dropout if self.training else 0.0,
         )
-        x_BTD = self.attn_norm(x_BTD + self.dropout(self.attn_out(merge_heads(y_BHTE))))
+        y_BTD = self.dropout(self.attn_out(merge_heads(y_BHTE)))
+        if self.pre_norm:
+            x_BTD = x_BTD + y_BTD
+            h_BTF = F.gelu(self.ff_in(self.ff_norm(x_BTD)))
+            return x_BTD + self.dropout(self.ff_out(h_BTF))
+        x_BTD = self.attn_norm(x_BTD + y_BTD)
         h_BTF = F.gelu(self.ff_in(x_BTD))
         return self.ff_norm(x_BTD + self.dropout(self.ff_out(h_BTF)))
+
+    def _rotated(
+        self, q_BTD: torch.Tensor, k_BSD: torch.Tensor, rotary: Rotary, at_B: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries and keys rotated by their positions' angles (queries at `at_B` alone when
+        given)."""
+        cos, sin = rotary
+        k_BSD = apply_rotary(k_BSD.unflatten(-1, (self.n_heads, -1)), cos, sin).flatten(2)
+        if at_B is not None:
+            rows_B = torch.arange(len(at_B), device=at_B.device)
+            B = len(at_B)
+            cos, sin = (t.expand(B, *t.shape[1:])[rows_B, at_B][:, None] for t in (cos, sin))
+        q_BTD = apply_rotary(q_BTD.unflatten(-1, (self.n_heads, -1)), cos, sin).flatten(2)
+        return q_BTD, k_BSD
 
 
 @dataclass
@@ -134,7 +169,8 @@ class BertModelOutput:
 
 
 class BertModel(nn.Module):
-    """Embeddings, `n_layers` post-LN blocks and the [CLS] pooler."""
+    """Embeddings, `n_layers` blocks (post-LN, or pre-norm and a final LayerNorm) and the
+    [CLS] pooler."""
 
     hf_mapping: ClassVar[HFMapping] = BertMapping(with_heads=False)  # HF BertModel
 
@@ -143,6 +179,10 @@ class BertModel(nn.Module):
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.n_layers))
+        # pre-norm blocks leave the residual stream un-normalized: one LayerNorm closes it
+        self.final_norm = (
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.pre_norm else None
+        )
         self.pooler = nn.Linear(config.d_model, config.d_model)
         self.init_weights()
 
@@ -168,7 +208,8 @@ class BertModel(nn.Module):
                 Padded keys are excluded from every softmax, so real positions are unaffected
                 by how much padding follows.
             token_type_ids: (B, T) segment ids (0 for sentence A, 1 for B); None means all 0.
-            position_ids: (B, T) or (T,) absolute positions; None means 0..T-1.
+            position_ids: (B, T) or (T,) positions (of the table or the rotation); None means
+                0..T-1.
 
         Returns:
             `BertModelOutput`.
@@ -188,12 +229,24 @@ class BertModel(nn.Module):
         """The last layer's states, (B, T, D); with `last_at` (B,), only those at column
         `last_at[b]` of each row, (B, 1, D), the last block run for that column alone
         (`BertLayer.forward`'s `at_B`). Arguments as `forward`."""
+        T = input_ids.shape[1]
+        if self.config.max_seq_len < T:
+            raise ValueError(
+                f"sequence of {T} tokens exceeds model.max_seq_len={self.config.max_seq_len}"
+            )
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device)
         mask_B11T = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         x_BTD = self.embeddings(input_ids, token_type_ids, position_ids)
+        rotary = None
+        if self.config.rotary:
+            E, theta = self.config.head_dim, self.config.rope_theta
+            rotary = rope_cos_sin(position_ids, E, theta, compute_dtype(x_BTD))
         *layers, last = self.layers
         for layer in layers:
-            x_BTD = layer(x_BTD, mask_B11T)
-        return last(x_BTD, mask_B11T, last_at)
+            x_BTD = layer(x_BTD, mask_B11T, rotary)
+        x_BTD = last(x_BTD, mask_B11T, rotary, last_at)
+        return x_BTD if self.final_norm is None else self.final_norm(x_BTD)
 
     # The backbone interface every family's backbone has (`models.heads.Backbone`), which task
     # heads, probes and corpus-initialised embeddings use instead of asking which family it is.

@@ -52,6 +52,26 @@ def _require_divides(config: object, divisor: str, dividend: str) -> None:
         )
 
 
+def _require_choice(config: object, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(
+            f"model.{name}={value!r} is not one of {', '.join(choices)}; "
+            f"for example model.{name}={choices[0]}"
+        )
+
+
+def _require_rotary(config: Any) -> None:
+    """Rotary embeddings rotate pairs of a head's dimensions, at a positive base."""
+    if config.head_dim % 2 != 0:
+        raise ValueError(
+            f"model.d_model / model.n_heads = {config.head_dim} must be even for rotary "
+            "embeddings; change model.d_model or model.n_heads"
+        )
+    if config.rope_theta <= 0:
+        raise ValueError(f"model.rope_theta must be > 0, got {config.rope_theta}")
+
+
 def _divisors_near(n: int, target: int) -> str:
     divisors = sorted((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))
     return ", ".join(str(d) for d in sorted(divisors[:3]))
@@ -91,7 +111,8 @@ class _Presets:
 
 @dataclass
 class BertConfig(_Presets):
-    """BERT encoder (post-LN, GELU, learned absolute positions, token types).
+    """BERT encoder (post-LN, GELU, learned absolute positions, token types), with two options
+    the original does not have: rotary positions and pre-norm blocks.
 
     Attributes:
         vocab_size: word-piece vocabulary size; the pipeline sets it from the tokenizer.
@@ -106,6 +127,13 @@ class BertConfig(_Presets):
         layer_norm_eps: LayerNorm epsilon (1e-12 in the original).
         init_std: std of the normal initialization.
         pad_token_id: id of [PAD].
+        position_encoding: "absolute" (the original: a learned embedding per position, added
+            to the word embedding) or "rotary" (RoPE on every block's queries and keys, no
+            position table, as GPT; RoFormer, Su et al. 2021).
+        rope_theta: RoPE base, for position_encoding=rotary.
+        norm_placement: "post" (the original: x = LN(x + f(x))) or "pre" (x = x + f(LN(x)),
+            with a final LayerNorm after the last block, as GPT and Cramming's encoder).
+        Only the original (absolute, post) exports to Hugging Face `BertModel`.
     """
 
     vocab_size: int = 30522
@@ -120,6 +148,12 @@ class BertConfig(_Presets):
     layer_norm_eps: float = 1e-12
     init_std: float = 0.02
     pad_token_id: int = 0
+    position_encoding: str = "absolute"
+    rope_theta: float = 10000.0
+    norm_placement: str = "post"
+
+    POSITION_ENCODINGS: ClassVar[tuple[str, ...]] = ("absolute", "rotary")
+    NORM_PLACEMENTS: ClassVar[tuple[str, ...]] = ("post", "pre")
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "tiny": dict(n_layers=2, d_model=128, n_heads=2),
@@ -150,10 +184,27 @@ class BertConfig(_Presets):
                 f"model.pad_token_id={self.pad_token_id} is outside the vocabulary "
                 f"[0, {self.vocab_size})"
             )
+        _require_choice(self, "position_encoding", self.POSITION_ENCODINGS)
+        _require_choice(self, "norm_placement", self.NORM_PLACEMENTS)
+        if self.rotary:
+            _require_rotary(self)
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def rotary(self) -> bool:
+        return self.position_encoding == "rotary"
+
+    @property
+    def pre_norm(self) -> bool:
+        return self.norm_placement == "pre"
+
+    @property
+    def is_original(self) -> bool:
+        """The architecture of Devlin et al. (and of Hugging Face `BertModel`)."""
+        return not self.rotary and not self.pre_norm
 
     def param_counts(self) -> ParamCounts:
         """`BertForPreTraining`'s parameters by where they run (`models.flops`): the MLM head
@@ -161,9 +212,11 @@ class BertConfig(_Presets):
         NSP head once per sequence."""
         D, F, V = self.d_model, self.d_ff, self.vocab_size
         layer = (4 * D * D + 4 * D) + (2 * D * F + F + D) + 2 * 2 * D  # attn, ffn, 2 LayerNorms
+        positions = 0 if self.rotary else self.max_seq_len
+        final_norm = 2 * D if self.pre_norm else 0
         return ParamCounts(
-            embedding=(V + self.max_seq_len + self.type_vocab_size) * D,
-            body=2 * D + self.n_layers * layer,  # + embedding LayerNorm
+            embedding=(V + positions + self.type_vocab_size) * D,
+            body=2 * D + self.n_layers * layer + final_norm,  # + embedding LayerNorm
             head=(D * D + D) + 2 * D + V,  # transform dense, LayerNorm, output bias
             per_sequence=(D * D + D) + (2 * D + 2),  # pooler, NSP
             tied_output=V * D,
@@ -241,13 +294,7 @@ class GPTConfig(_Presets):
         )
         _require_divides(self, "n_heads", "d_model")
         _require_divides(self, "n_kv_heads", "n_heads")
-        if self.head_dim % 2 != 0:
-            raise ValueError(
-                f"model.d_model / model.n_heads = {self.head_dim} must be even for rotary "
-                "embeddings; change model.d_model or model.n_heads"
-            )
-        if self.rope_theta <= 0:
-            raise ValueError(f"model.rope_theta must be > 0, got {self.rope_theta}")
+        _require_rotary(self)
         _require_probability(self, "dropout")
 
     @property

@@ -34,6 +34,7 @@ __all__ = [
     "HF_MODELS",
     "UnsupportedCheckpointError",
     "export_hf",
+    "export_refusal",
     "load_hf",
     "load_hf_bert",
     "load_hf_gpt",
@@ -222,6 +223,18 @@ def export_hf(
     return Path(directory)
 
 
+def export_refusal(model: nn.Module) -> str | None:
+    """Why `model` cannot be exported (its class names no HF mapping, or its config has an
+    option the HF architecture lacks), or None when `export_hf` can write it."""
+    mapping = _mapping(type(model))
+    if mapping is None:
+        return (
+            f"{type(model).__name__} names no HF mapping; export a model whose class has an "
+            "`hf_mapping` (models/hf_mapping.py), such as BERT or GPT"
+        )
+    return mapping.refusal(model.config)
+
+
 def write_hf_export(
     model: nn.Module,
     directory: str | Path,
@@ -238,10 +251,10 @@ def write_hf_export(
     """
     mapping = _mapping(type(model))
     if mapping is None:
-        raise TypeError(
-            f"cannot export {type(model).__name__}: it names no HF mapping; export a model "
-            "whose class has an `hf_mapping` (models/hf_mapping.py), such as BERT or GPT"
-        )
+        raise TypeError(f"cannot export: {export_refusal(model)}")
+    refusal = mapping.refusal(model.config)
+    if refusal is not None:
+        raise UnsupportedCheckpointError(f"cannot export {type(model).__name__}: {refusal}")
     hf_config = mapping.hf_config(model.config)
     tensors: dict[str, torch.Tensor] = {}
     for ours, hf_names in mapping.spec(model.config):

@@ -39,6 +39,20 @@ class BertMapping(HFMapping):
     def hf_config(self, config: BertConfig) -> dict[str, Any]:
         return bert_hf_config(config, self.architecture)
 
+    def refusal(self, config: BertConfig) -> str | None:
+        if config.is_original:
+            return None
+        options = [
+            f"model.{name}={getattr(config, name)}"
+            for name, original in (("position_encoding", "absolute"), ("norm_placement", "post"))
+            if getattr(config, name) != original
+        ]
+        return (
+            f"HF BertModel has learned absolute positions and post-LN blocks, not "
+            f"{' and '.join(options)}; the checkpoint holds the model (load it with "
+            "pipeline.checkpoint.load_pretrained or use it with make finetune / make glue)"
+        )
+
     def spec(self, config: BertConfig) -> Spec:
         """Our BertForPreTraining (or BertModel) names -> HF names (with the `bert.` prefix)."""
         spec: Spec = [

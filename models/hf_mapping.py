@@ -65,6 +65,11 @@ class HFMapping(ABC):
     def spec(self, config: Any) -> Spec:
         """The weight table of a model of `config`."""
 
+    def refusal(self, config: Any) -> str | None:
+        """Why a model of `config` has no HF twin to export to (an option of ours that the HF
+        architecture lacks), or None when it has one."""
+        return None
+
     def imported_state(
         self, state: dict[str, torch.Tensor], config: Any
     ) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:

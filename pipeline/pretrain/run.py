@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from datamodules.objectives.objective import trained_seq_len
 from datamodules.pretrain import PretrainDataModule
-from models.hf import write_hf_export
+from models.hf import export_refusal, write_hf_export
 from pipeline.checkpoint.interrupt import GracefulStop, signals_abort
 from pipeline.checkpoint.load import Pretrained, load_pretrained
 from pipeline.checkpoint.saving import (
@@ -305,8 +305,10 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         export_dir = None
         if family_named(plan.family).hf_auto_class is not None:  # a family with an HF mapping
             last = Path(trainer.checkpoint_callback.last_model_path or resume_from)
-            export_dir = run_dir / HF_DIR
-            write_export(load_pretrained(last), export_dir, last, trainer.global_step)
+            final = load_pretrained(last)
+            if exportable(final):
+                export_dir = run_dir / HF_DIR
+                write_export(final, export_dir, last, trainer.global_step)
         tracking = log_run_end(trainer.loggers, hf_export=str(export_dir))
         print_summary(trainer, run_dir, export_dir, plan.family, tracking)
 
@@ -351,6 +353,15 @@ def refuse_another_runs_end(resumed: CheckpointSource, ended: str, run_dir: Path
     )
 
 
+def exportable(final: Pretrained) -> bool:
+    """Whether `final` has an HF twin to export to; when not (a BERT with rotary positions or
+    pre-norm blocks), one line says why and that the checkpoint holds the model."""
+    refusal = export_refusal(final.model)
+    if refusal is not None:
+        print(f"no Hugging Face export: {refusal}")
+    return refusal is None
+
+
 def write_export(
     final: Pretrained, export: Path, checkpoint: Path, step: int, why: str = ""
 ) -> bool:
@@ -382,14 +393,16 @@ def report_ended(resumed: CheckpointSource, ended: str, run_dir: Path, family: s
         return
     step = resumed.contents["global_step"]
     places = f"checkpoint {resumed.path}"
+    final = None
     if family_named(family).hf_auto_class is not None:  # a family with an HF mapping
+        final = load_pretrained(resumed)
+    if final is not None and exportable(final):
         export = run_dir / HF_DIR
         was = (
             "was missing"
             if not export.is_dir()
             else "did not match it, cut short or of an earlier step"
         )
-        final = load_pretrained(resumed)
         places += f", HF export {export}"
         why = f" again from the checkpoint (it {was})"
         if write_export(final, export, resumed.path, step, why):

@@ -81,13 +81,26 @@ def test_masked_positions_path_equals_full_path_at_those_positions():
     torch.testing.assert_close(flat.nsp_logits, full.nsp_logits)
 
 
+# the original, and the options for pretraining from scratch (rotary positions, pre-norm)
+VARIANTS = {
+    "original": {},
+    "rotary": {"position_encoding": "rotary"},
+    "pre-norm": {"norm_placement": "pre"},
+    "rotary-pre-norm": {"position_encoding": "rotary", "norm_placement": "pre"},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("layers", [1, 2])
-def test_logits_at_one_column_per_row_are_the_full_forwards_there(layers):
+def test_logits_at_one_column_per_row_are_the_full_forwards_there(layers, variant):
     """`mlm_logits_at` runs the last block for one column per row only (what a pseudo-log-
     likelihood reads); its scores are the full forward's at those columns, with padding and
-    token types, also in a model whose only block is its last."""
+    token types, also in a model whose only block is its last, and with each option (a rotary
+    query rotated by its own column's angle, a pre-norm block's residual at that column)."""
     torch.manual_seed(0)
-    config = BertConfig.from_preset("tiny", vocab_size=V, init_std=0.1, n_layers=layers)
+    config = BertConfig.from_preset(
+        "tiny", vocab_size=V, init_std=0.1, n_layers=layers, **VARIANTS[variant]
+    )
     model = BertForPreTraining(config).eval()
     ids, mask, token_types = bert_inputs()  # rows of 24, 17 and 9 real tokens
     at = torch.tensor([23, 0, 8])
@@ -98,9 +111,11 @@ def test_logits_at_one_column_per_row_are_the_full_forwards_there(layers):
     torch.testing.assert_close(only, full[torch.arange(3), at], atol=1e-5, rtol=0)
 
 
-def test_padding_does_not_change_real_positions():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_padding_does_not_change_real_positions(variant):
     torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V, init_std=0.1)).eval()
+    config = BertConfig.from_preset("tiny", vocab_size=V, init_std=0.1, **VARIANTS[variant])
+    model = BertForPreTraining(config).eval()
     ids = torch.randint(0, V, (2, 10))
     token_types = torch.tensor([[0] * 5 + [1] * 5] * 2)
     padded_ids = torch.cat([ids, torch.randint(0, V, (2, 6))], dim=1)  # pads hold junk ids
@@ -146,3 +161,56 @@ def test_sequence_longer_than_positions_fails_clearly():
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V, max_seq_len=8))
     with pytest.raises(ValueError, match="max_seq_len=8"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_a_rotary_encoder_reads_word_order_and_only_relative_positions():
+    """Without a position table, word order reaches the encoder through the rotation alone:
+    swapping two tokens changes what the others see, while shifting every position by the
+    same offset changes nothing (attention reads only the distance between tokens)."""
+    torch.manual_seed(0)
+    config = BertConfig.from_preset("tiny", vocab_size=V, init_std=0.1, position_encoding="rotary")
+    model = BertForPreTraining(config).eval()
+    assert model.bert.embeddings.position is None
+    ids = torch.randint(1, V, (1, 12))
+    swapped = ids.clone()
+    swapped[0, [2, 9]] = ids[0, [9, 2]]
+    with torch.no_grad():
+        out = model(ids).mlm_logits
+        shifted = model(ids, position_ids=torch.arange(12) + 37).mlm_logits
+        reordered = model(swapped).mlm_logits
+    torch.testing.assert_close(shifted, out, atol=1e-5, rtol=0)
+    assert (reordered[0, 5] - out[0, 5]).abs().max() > 1e-3  # token 5 did not move
+
+
+@pytest.mark.parametrize("norm_placement", ["post", "pre"])
+def test_a_block_whose_branches_add_nothing_is_the_identity_only_when_pre_norm(norm_placement):
+    """Pre-norm blocks keep the residual stream itself (x + f(LN(x))); post-LN blocks normalize
+    it (LN(x + f(x))), so with both branches' outputs zeroed only a pre-norm block passes its
+    input through unchanged."""
+    torch.manual_seed(0)
+    config = BertConfig.from_preset("tiny", vocab_size=V, norm_placement=norm_placement)
+    layer = BertForPreTraining(config).bert.layers[0].eval()
+    with torch.no_grad():
+        for linear in (layer.attn_out, layer.ff_out):
+            linear.weight.zero_()
+            linear.bias.zero_()
+        x = 3.0 * torch.randn(2, 6, 128) + 1.0  # far from normalized
+        same = torch.allclose(layer(x, None), x)
+    assert same == (norm_placement == "pre")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("position_encoding", "alibi", "model.position_encoding='alibi' is not one of absolute"),
+        ("norm_placement", "sandwich", "model.norm_placement='sandwich' is not one of post"),
+    ],
+)
+def test_an_unknown_position_encoding_or_norm_placement_is_refused_by_name(key, value, named):
+    with pytest.raises(ValueError, match=named):
+        BertConfig.from_preset("tiny", **{key: value})
+
+
+def test_a_rotary_encoder_with_odd_head_size_is_refused():
+    with pytest.raises(ValueError, match="must be even for rotary"):
+        BertConfig(d_model=30, n_heads=2, position_encoding="rotary")

@@ -60,6 +60,12 @@ def test_counts_match_built_models(preset):
     for config, build in (
         (GPTConfig.from_preset(preset, vocab_size=300), GPT),
         (BertConfig.from_preset(preset, vocab_size=300), BertForPreTraining),
+        (
+            BertConfig.from_preset(
+                preset, vocab_size=300, position_encoding="rotary", norm_placement="pre"
+            ),
+            BertForPreTraining,
+        ),
     ):
         assert param_count(config) == numel(build(config))
 

@@ -13,11 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.bert import BertForPreTraining, BertModel
+from models.bert import BertConfig, BertForPreTraining, BertModel
 from models.gpt import GPT
 from models.hf import (
     UnsupportedCheckpointError,
     export_hf,
+    export_refusal,
     load_hf,
     load_hf_bert,
     load_hf_gpt,
@@ -209,6 +210,28 @@ def test_gpt_tokenizer_export_sets_special_token_ids(tmp_path):
 def test_export_rejects_other_modules(tmp_path):
     with pytest.raises(TypeError, match="Linear.*names no HF mapping"):
         export_hf(torch.nn.Linear(2, 2), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"position_encoding": "rotary"}, "not model.position_encoding=rotary;"),
+        ({"norm_placement": "pre"}, "not model.norm_placement=pre;"),
+    ],
+)
+def test_a_bert_that_hf_bert_cannot_hold_is_refused_and_nothing_is_written(
+    tmp_path, options, named
+):
+    """HF BertModel has a position table and post-LN blocks: an encoder with rotary positions
+    or pre-norm blocks would load there with its weights misread, so it is not exported."""
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V, **options))
+    assert named in export_refusal(model)
+    with pytest.raises(
+        UnsupportedCheckpointError, match=f"cannot export BertForPreTraining.*{named}"
+    ):
+        export_hf(model, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    assert export_refusal(BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))) is None
 
 
 @dataclass

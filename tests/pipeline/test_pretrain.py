@@ -9,7 +9,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from tests.conftest import run_command
+from tests.conftest import run_command, run_pretrain
 from tests.pipeline.smoke_runs import smoke_run
 
 
@@ -55,3 +55,29 @@ def test_pretrain_smoke_run_leaves_checkpoint_logs_and_hf_export(tmp_path_factor
     poke = run_command(command[0], f"ckpt={run_dir}", *command[1:])
     assert poke.returncode == 0, poke.stderr[-2000:]
     assert poke.stdout.strip()
+
+
+def test_a_bert_with_rotary_positions_and_pre_norm_trains_keeps_no_hf_export_and_resumes(
+    tmp_path,
+):
+    """The encoder options that HF BertModel lacks: the run trains, says in one line why it
+    writes no Hugging Face export (one it cannot hold), and the checkpoint keeps the options,
+    as `resume=auto` of the finished run, which loads it, shows."""
+    options = ("model.position_encoding=rotary", "model.norm_placement=pre")
+    run = ("model=bert-tiny", "debug=smoke", "run_name=rope", "trainer.max_steps=3", *options)
+    done = run_pretrain(tmp_path, *run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "finished 3 steps" in done.stdout
+    assert "no Hugging Face export: HF BertModel has learned absolute positions" in done.stdout
+    run_dir = tmp_path / "out" / "bert-tiny" / "rope"
+    assert not (run_dir / "hf").exists() and "load out" not in done.stdout
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["model_config"]["position_encoding"] == "rotary"
+    assert saved["model_config"]["norm_placement"] == "pre"
+
+    again = run_pretrain(tmp_path, *run, "resume=auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = again.stdout.strip().splitlines()
+    assert said[-2].startswith("no Hugging Face export: ")
+    assert said[-1].startswith(f"the run in {run_dir} has finished: step 3 ")
+    assert "HF export" not in said[-1] and not (run_dir / "hf").exists()
