@@ -114,6 +114,10 @@ def _gzip_checked(handle, path: str) -> Iterator[bytes]:
     """The lines of `handle`, with a damaged or mislabelled .gz file reported as a CorpusError."""
     try:
         yield from handle
+    except GeneratorExit:
+        # closed unfinished, perhaps at interpreter shutdown, when the module globals the next
+        # clause names may be gone already: nothing to report
+        raise
     except (gzip.BadGzipFile, EOFError, zlib.error) as err:
         raise CorpusError(
             f"{path}: not a readable gzip file ({err}); a .gz name is read as gzip: "
