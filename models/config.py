@@ -120,7 +120,8 @@ class BertConfig(_Presets):
         d_model: hidden width D.
         n_heads: attention heads H; head size E = D / H.
         d_ff: feed-forward width; defaults to 4 * D.
-        max_seq_len: learned position embeddings (512 in the original).
+        max_seq_len: the longest sequence it reads: rows of the learned position table (512
+            in the original), or, with rotary positions, only a limit.
         type_vocab_size: segment (token type) embeddings, 2 for sentence A/B.
         dropout: dropout on embeddings and residual branches.
         attn_dropout: dropout on attention probabilities.

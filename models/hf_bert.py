@@ -10,9 +10,16 @@ from typing import Any
 import torch
 
 from models.config import BertConfig
-from models.hf_mapping import HFMapping, Spec, check_tied, pairs, require
+from models.hf_mapping import (
+    HFMapping,
+    Spec,
+    UnsupportedCheckpointError,
+    check_tied,
+    pairs,
+    require,
+)
 
-__all__ = ["BertMapping", "bert_config_from_hf", "bert_hf_config"]
+__all__ = ["BertMapping", "bert_config_from_hf", "bert_hf_config", "bert_refusal"]
 
 
 class BertMapping(HFMapping):
@@ -40,18 +47,7 @@ class BertMapping(HFMapping):
         return bert_hf_config(config, self.architecture)
 
     def refusal(self, config: BertConfig) -> str | None:
-        if config.is_original:
-            return None
-        options = [
-            f"model.{name}={getattr(config, name)}"
-            for name, original in (("position_encoding", "absolute"), ("norm_placement", "post"))
-            if getattr(config, name) != original
-        ]
-        return (
-            f"HF BertModel has learned absolute positions and post-LN blocks, not "
-            f"{' and '.join(options)}; the checkpoint holds the model (load it with "
-            "pipeline.checkpoint.load_pretrained or use it with make finetune / make glue)"
-        )
+        return bert_refusal(config)
 
     def spec(self, config: BertConfig) -> Spec:
         """Our BertForPreTraining (or BertModel) names -> HF names (with the `bert.` prefix)."""
@@ -130,9 +126,33 @@ def bert_config_from_hf(config: Mapping[str, Any]) -> BertConfig:
     )
 
 
+def bert_refusal(config: BertConfig) -> str | None:
+    """Why HF BERT cannot hold a model of `config` (rotary positions, pre-norm blocks), or
+    None for the original architecture."""
+    if config.is_original:
+        return None
+    options = [
+        f"model.{name}={getattr(config, name)}"
+        for name, original in (("position_encoding", "absolute"), ("norm_placement", "post"))
+        if getattr(config, name) != original
+    ]
+    return (
+        f"HF BertModel has learned absolute positions and post-LN blocks, not "
+        f"{' and '.join(options)}; the checkpoint holds the model (load it with "
+        "pipeline.checkpoint.load_pretrained or use it with make finetune / make glue)"
+    )
+
+
 def bert_hf_config(config: BertConfig, architecture: str) -> dict[str, Any]:
     """The `transformers` BertConfig fields of `config` (also used by bench/ to build the
-    reference model)."""
+    reference model).
+
+    Raises:
+        UnsupportedCheckpointError: HF BERT has no such architecture (`bert_refusal`).
+    """
+    refusal = bert_refusal(config)
+    if refusal is not None:
+        raise UnsupportedCheckpointError(refusal)
     return {
         "architectures": [architecture],
         "model_type": "bert",

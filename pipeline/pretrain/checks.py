@@ -234,7 +234,7 @@ def _check_positions(max_seq_len: int, seq_len: int) -> None:
     if max_seq_len > UNTRAINED_POSITIONS_RATIO * seq_len:
         log.warning(
             "model.max_seq_len=%d is more than %dx the objective.seq_len=%d tokens trained: "
-            "positions %d-%d will never be trained (and only cost memory); set "
+            "positions %d-%d will never be trained; set "
             "model.max_seq_len=%d, or train longer sequences with objective.seq_len=%d",
             max_seq_len,
             UNTRAINED_POSITIONS_RATIO,

@@ -302,14 +302,17 @@ def train(cfg: DictConfig, plan: RunPlan) -> None:
         # From the final checkpoint, which holds the whole model under any strategy (under
         # FSDP each process only holds a shard of `module.model`); the one resumed from when
         # the run trained no step.
-        export_dir = None
+        export_dir, exported = None, "none: the family has no Hugging Face mapping"
         if family_named(plan.family).hf_auto_class is not None:  # a family with an HF mapping
             last = Path(trainer.checkpoint_callback.last_model_path or resume_from)
             final = load_pretrained(last)
-            if exportable(final):
-                export_dir = run_dir / HF_DIR
+            refusal = export_refused(final)
+            if refusal is None:
+                export_dir = exported = run_dir / HF_DIR
                 write_export(final, export_dir, last, trainer.global_step)
-        tracking = log_run_end(trainer.loggers, hf_export=str(export_dir))
+            else:
+                exported = f"none: {refusal}"
+        tracking = log_run_end(trainer.loggers, hf_export=str(exported))
         print_summary(trainer, run_dir, export_dir, plan.family, tracking)
 
 
@@ -353,13 +356,14 @@ def refuse_another_runs_end(resumed: CheckpointSource, ended: str, run_dir: Path
     )
 
 
-def exportable(final: Pretrained) -> bool:
-    """Whether `final` has an HF twin to export to; when not (a BERT with rotary positions or
-    pre-norm blocks), one line says why and that the checkpoint holds the model."""
+def export_refused(final: Pretrained) -> str | None:
+    """Why `final` has no HF twin to export to (a BERT with rotary positions or pre-norm
+    blocks), also printed in one line that says the checkpoint holds the model; None when it
+    has one."""
     refusal = export_refusal(final.model)
     if refusal is not None:
         print(f"no Hugging Face export: {refusal}")
-    return refusal is None
+    return refusal
 
 
 def write_export(
@@ -396,7 +400,7 @@ def report_ended(resumed: CheckpointSource, ended: str, run_dir: Path, family: s
     final = None
     if family_named(family).hf_auto_class is not None:  # a family with an HF mapping
         final = load_pretrained(resumed)
-    if final is not None and exportable(final):
+    if final is not None and export_refused(final) is None:
         export = run_dir / HF_DIR
         was = (
             "was missing"

@@ -21,6 +21,8 @@ CONFIG_ROWS = (
     ("layers", "model.n_layers"),
     ("width", "model.d_model"),
     ("heads", "model.n_heads"),
+    ("positions", "model.position_encoding"),
+    ("norm placement", "model.norm_placement"),
     ("parameters", "run.parameters"),
     ("FLOPs per token", "run.flops_per_token"),
     ("tokenizer", "tokenizer.kind"),

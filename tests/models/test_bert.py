@@ -182,6 +182,31 @@ def test_a_rotary_encoder_reads_word_order_and_only_relative_positions():
     assert (reordered[0, 5] - out[0, 5]).abs().max() > 1e-3  # token 5 did not move
 
 
+def test_a_pre_norm_encoder_is_the_pre_norm_formula_closed_by_its_final_norm():
+    """x + attn(LN(x)), then x + ffn(LN(x)), then the final LayerNorm: written out here with
+    plain softmax attention, against the model."""
+    torch.manual_seed(0)
+    config = BertConfig.from_preset(
+        "tiny", vocab_size=V, init_std=0.1, n_layers=1, norm_placement="pre"
+    )
+    bert = BertForPreTraining(config).eval().bert
+    layer = bert.layers[0]
+    ids = torch.randint(1, V, (2, 7))
+
+    def heads(t):  # (2, 7, 128) -> (2, 2 heads, 7, 64)
+        return t.view(2, 7, 2, 64).transpose(1, 2)
+
+    with torch.no_grad():
+        x = bert.embeddings(ids, None, torch.arange(7))
+        q, k, v = layer.qkv(layer.attn_norm(x)).chunk(3, dim=-1)
+        weights = torch.softmax(heads(q) @ heads(k).transpose(-1, -2) / 8.0, dim=-1)
+        x = x + layer.attn_out((weights @ heads(v)).transpose(1, 2).reshape(2, 7, 128))
+        x = x + layer.ff_out(torch.nn.functional.gelu(layer.ff_in(layer.ff_norm(x))))
+        expected = bert.final_norm(x)
+        got = bert(ids).hidden_states
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("norm_placement", ["post", "pre"])
 def test_a_block_whose_branches_add_nothing_is_the_identity_only_when_pre_norm(norm_placement):
     """Pre-norm blocks keep the residual stream itself (x + f(LN(x))); post-LN blocks normalize

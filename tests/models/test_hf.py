@@ -24,6 +24,7 @@ from models.hf import (
     load_hf_gpt,
     write_hf_export,
 )
+from models.hf_bert import bert_hf_config
 from models.hf_mapping import HFMapping
 from tests.models.oracles import hf_bert, hf_llama, padded_batch, transformers
 
@@ -231,6 +232,8 @@ def test_a_bert_that_hf_bert_cannot_hold_is_refused_and_nothing_is_written(
     ):
         export_hf(model, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+    with pytest.raises(UnsupportedCheckpointError, match=named):  # nor a reference model built
+        bert_hf_config(model.config, "BertForPreTraining")
     assert export_refusal(BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=V))) is None
 
 

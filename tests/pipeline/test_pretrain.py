@@ -70,7 +70,9 @@ def test_a_bert_with_rotary_positions_and_pre_norm_trains_keeps_no_hf_export_and
     assert "finished 3 steps" in done.stdout
     assert "no Hugging Face export: HF BertModel has learned absolute positions" in done.stdout
     run_dir = tmp_path / "out" / "bert-tiny" / "rope"
-    assert not (run_dir / "hf").exists() and "load out" not in done.stdout
+    assert not (run_dir / "hf").exists() and "or load" not in done.stdout
+    hparams = (run_dir / "logs" / "hparams.yaml").read_text()  # the run record says why
+    assert "hf_export: 'none: HF BertModel has learned absolute positions" in hparams
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["model_config"]["position_encoding"] == "rotary"
     assert saved["model_config"]["norm_placement"] == "pre"
