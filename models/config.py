@@ -153,6 +153,7 @@ class BertConfig(_Presets):
     rope_theta: float = 10000.0
     norm_placement: str = "post"
 
+    # each option's choices, the original's first
     POSITION_ENCODINGS: ClassVar[tuple[str, ...]] = ("absolute", "rotary")
     NORM_PLACEMENTS: ClassVar[tuple[str, ...]] = ("post", "pre")
 
@@ -202,10 +203,18 @@ class BertConfig(_Presets):
     def pre_norm(self) -> bool:
         return self.norm_placement == "pre"
 
-    @property
-    def is_original(self) -> bool:
-        """The architecture of Devlin et al. (and of Hugging Face `BertModel`)."""
-        return not self.rotary and not self.pre_norm
+    def unlike_original(self) -> list[str]:
+        """The options set away from the architecture of Devlin et al. (and of Hugging Face
+        `BertModel`), as settings (`model.position_encoding=rotary`); empty for the original."""
+        options = (
+            ("position_encoding", self.POSITION_ENCODINGS),
+            ("norm_placement", self.NORM_PLACEMENTS),
+        )
+        return [
+            f"model.{name}={getattr(self, name)}"
+            for name, choices in options
+            if getattr(self, name) != choices[0]
+        ]
 
     def param_counts(self) -> ParamCounts:
         """`BertForPreTraining`'s parameters by where they run (`models.flops`): the MLM head

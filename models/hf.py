@@ -229,8 +229,8 @@ def export_refusal(model: nn.Module) -> str | None:
     mapping = _mapping(type(model))
     if mapping is None:
         return (
-            f"{type(model).__name__} names no HF mapping; export a model whose class has an "
-            "`hf_mapping` (models/hf_mapping.py), such as BERT or GPT"
+            "its class names no HF mapping; export a model whose class has an `hf_mapping` "
+            "(models/hf_mapping.py), such as BERT or GPT"
         )
     return mapping.refusal(model.config)
 
@@ -250,11 +250,10 @@ def write_hf_export(
         OSError: the export could not be written (ENOSPC: a full disk); `directory` is as it was.
     """
     mapping = _mapping(type(model))
-    if mapping is None:
-        raise TypeError(f"cannot export: {export_refusal(model)}")
-    refusal = mapping.refusal(model.config)
+    refusal = export_refusal(model)
     if refusal is not None:
-        raise UnsupportedCheckpointError(f"cannot export {type(model).__name__}: {refusal}")
+        error = TypeError if mapping is None else UnsupportedCheckpointError
+        raise error(f"cannot export {type(model).__name__}: {refusal}")
     hf_config = mapping.hf_config(model.config)
     tensors: dict[str, torch.Tensor] = {}
     for ours, hf_names in mapping.spec(model.config):

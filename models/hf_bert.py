@@ -129,13 +129,9 @@ def bert_config_from_hf(config: Mapping[str, Any]) -> BertConfig:
 def bert_refusal(config: BertConfig) -> str | None:
     """Why HF BERT cannot hold a model of `config` (rotary positions, pre-norm blocks), or
     None for the original architecture."""
-    if config.is_original:
+    options = config.unlike_original()
+    if not options:
         return None
-    options = [
-        f"model.{name}={getattr(config, name)}"
-        for name, original in (("position_encoding", "absolute"), ("norm_placement", "post"))
-        if getattr(config, name) != original
-    ]
     return (
         f"HF BertModel has learned absolute positions and post-LN blocks, not "
         f"{' and '.join(options)}; the checkpoint holds the model (load it with "
