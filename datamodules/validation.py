@@ -38,8 +38,8 @@ VAL_SET = "val_set"  # key of an extra validation set's batch: the set's index (
 
 def check_validation(val_fraction: float, val_corpus: Any, extra: Mapping | None) -> None:
     """Raise `DataSetupError` unless `datamodule.val_fraction` is in [0, 1), and unless a run
-    with extra validation sets has its own validation too (its `val/loss` is what the best
-    checkpoints and the end-of-run summary go by)."""
+    with extra validation sets has its own validation too (its language-model loss, `val/loss`
+    or BERT's `val/mlm_loss`, is what the best checkpoints and the end-of-run summary go by)."""
     if not 0 <= val_fraction < 1:
         raise DataSetupError(
             f"datamodule.val_fraction={val_fraction!r} is not in [0, 1): it is the share of "
@@ -48,8 +48,8 @@ def check_validation(val_fraction: float, val_corpus: Any, extra: Mapping | None
         )
     if extra and val_fraction == 0 and val_corpus is None:
         raise DataSetupError(
-            "datamodule.extra_validation needs the run's own validation beside it (val/loss, "
-            "which the best checkpoints go by), and datamodule.val_fraction=0 holds none out; "
+            "datamodule.extra_validation needs the run's own validation beside it (the "
+            "held-out loss the best checkpoints go by), and datamodule.val_fraction=0 holds none out; "
             "e.g. datamodule.val_fraction=0.05"
         )
 

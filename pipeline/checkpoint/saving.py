@@ -8,7 +8,8 @@ config, longest trained length, wandb run, RNG states), written by `CheckpointEx
 in it is plain data, so it loads with `torch.load(weights_only=True)`.
 
 Kept: the last `keep_last` periodic checkpoints (`stepNNNNNNN.ckpt`), the `keep_best` best by
-validation loss (`best-stepNNNNNNN.ckpt`), and `last.ckpt`. Each file is written to a temporary
+the held-out language-model loss (`best-stepNNNNNNN.ckpt`; `PretrainModule.held_out_figure`:
+`val/loss` for GPT, `val/mlm_loss` for BERT), and `last.ckpt`. Each file is written to a temporary
 name, fsynced and renamed, so a crash never leaves a half-written checkpoint under a real name
 (the temporary file a kill leaves is removed when the run resumes: `remove_partial_saves`), and a
 save that finds the disk full ends the run with one line saying so (pipeline/checkpoint/space.py).
@@ -20,6 +21,7 @@ import logging
 import random
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +60,6 @@ from tokenizer import atomic_path
 
 log = logging.getLogger(__name__)
 
-# The figure the best checkpoints are kept by (lower is better).
-BEST_BY = "val/loss"
 BEST_PREFIX = "best-step"  # a best checkpoint's file name, before its step
 
 
@@ -172,7 +172,7 @@ class StepCheckpoint(ResumeFileRankedCheckpoint):
         for path in sorted(Path(self.dirpath).glob(f"{prefix}*.ckpt")) if adopt else []:
             if str(path) in self.best_k_models:
                 continue
-            score = saved_score(path, self.state_key, self.already_read.get(path.resolve()))
+            score = saved_score(path, self, self.already_read.get(path.resolve()))
             if score is not None:
                 self.best_k_models[str(path)] = score
         if not self.best_k_models:
@@ -197,12 +197,25 @@ class StepCheckpoint(ResumeFileRankedCheckpoint):
 
 
 def saved_score(
-    path: Path, state_key: str, contents: dict[str, Any] | None = None
+    path: Path, callback: ModelCheckpoint, contents: dict[str, Any] | None = None
 ) -> torch.Tensor | None:
-    """The monitored score a best-k checkpoint file was saved with (None if unreadable);
-    `contents`: the file's, when already read."""
+    """The score by `callback`'s figure that a best-k checkpoint file was saved with (None:
+    unreadable, or kept by another figure); `contents`: the file's, when already read."""
     try:
-        state = (contents or read_checkpoint(path))["callbacks"][state_key]
+        states = (contents or read_checkpoint(path))["callbacks"]
+        if callback.state_key not in states:
+            kept_by = [m for key in states for m in re.findall(r"'monitor': '([^']+)'", key)]
+            others = [m for m in kept_by if m not in ("step", callback.monitor)]
+            if others:  # a run that kept its best by another figure (BERT before val/mlm_loss)
+                log.warning(
+                    "not counting %s among the best checkpoints by %s: it was kept by %s, so it "
+                    "stays as it is",
+                    path,
+                    callback.monitor,
+                    others[0],
+                )
+                return None
+        state = states[callback.state_key]
         return state["best_k_models"].get(str(path), state["current_score"])
     except (CheckpointLoadError, KeyError, TypeError) as err:  # not one of ours to rank
         log.warning("not counting %s among the best checkpoints: %s", path, err)
@@ -214,10 +227,12 @@ def checkpoint_callbacks(
     every_n_steps: int,
     keep_last: int,
     keep_best: int,
+    best_by: str,
     resumed: CheckpointSource | None = None,
 ) -> list[ModelCheckpoint]:
-    """The periodic checkpoints (the last `keep_last`, plus `last.ckpt`) and the best ones;
-    `resumed`: the checkpoint the run resumes from, with the folder's others already read."""
+    """The periodic checkpoints (the last `keep_last`, plus `last.ckpt`) and the best ones by
+    the logged figure `best_by` (lower is better); `resumed`: the checkpoint the run resumes
+    from, with the folder's others already read."""
     directory = run_dir / CHECKPOINT_DIR
     already_read = resumed.beside if resumed is not None else {}
     periodic = StepCheckpoint(
@@ -246,7 +261,7 @@ def checkpoint_callbacks(
                 dirpath=directory,
                 filename=BEST_PREFIX + "{step:07d}",
                 auto_insert_metric_name=False,
-                monitor=BEST_BY,
+                monitor=best_by,
                 mode="min",
                 save_top_k=keep_best,
                 enable_version_counter=False,
@@ -256,17 +271,34 @@ def checkpoint_callbacks(
     return callbacks
 
 
-def best_checkpoint(trainer: L.Trainer) -> tuple[Path, float, int | None] | None:
-    """The kept checkpoint with the run's lowest validation loss, that loss, and its step from
-    its file name (None: a name the run did not write, such as a copy a resume took in). None:
-    the run keeps no best checkpoint, `checkpoint.keep_best=0`, or has not validated."""
+@dataclass(frozen=True)
+class BestCheckpoint:
+    """The kept checkpoint with the run's lowest held-out figure.
+
+    Attributes:
+        path: the file.
+        figure: the logged figure it was kept by (`checkpoint_callbacks`' `best_by`).
+        score: its value of that figure.
+        step: its step, from its file name (None: a name the run did not write, such as a
+            copy a resume took in).
+    """
+
+    path: Path
+    figure: str
+    score: float
+    step: int | None
+
+
+def best_checkpoint(trainer: L.Trainer) -> BestCheckpoint | None:
+    """The run's best kept checkpoint; None: the run keeps none (`checkpoint.keep_best=0`), or
+    has not validated."""
     for callback in trainer.checkpoint_callbacks:
         found = callback.best_model_path and callback.best_model_score is not None
-        if getattr(callback, "monitor", None) == BEST_BY and found:
+        if getattr(callback, "monitor", "step") != "step" and found:
             path = Path(callback.best_model_path)
             named = re.fullmatch(rf"{BEST_PREFIX}(\d+)", path.stem)
             step = int(named.group(1)) if named else None
-            return path, float(callback.best_model_score), step
+            return BestCheckpoint(path, callback.monitor, float(callback.best_model_score), step)
     return None
 
 

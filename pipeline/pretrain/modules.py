@@ -47,7 +47,11 @@ class PretrainModule(L.LightningModule):
             maps its steps onto. Needed by a module that trains.
     """
 
-    perplexity_of = "loss"  # the loss whose exp is the perplexity
+    # The language model's loss: its exp is the perplexity, and its held-out value
+    # (`held_out_figure`) is the run's figure of merit: the best checkpoints are kept by it and
+    # the end of a run checks it for a rise. A side task's loss (BERT's next-sentence
+    # prediction) is not: it can rise on held-out text while the language model still learns.
+    language_model_loss = "loss"
     # loss term -> the count it averages over (`datamodules.objectives.batches` `loss_counts` names)
     loss_terms: ClassVar[dict[str, str]] = {}
 
@@ -103,6 +107,11 @@ class PretrainModule(L.LightningModule):
         return int(batch["input_ids"].numel())
 
     # shared ------------------------------------------------------------------------------------
+
+    @classmethod
+    def held_out_figure(cls) -> str:
+        """The logged name of the run's held-out figure of merit (lower is better)."""
+        return f"val/{cls.language_model_loss}"
 
     @property
     def flops_per_token(self) -> float:
@@ -302,14 +311,15 @@ class PretrainModule(L.LightningModule):
 
     def _log_metrics(self, split: str, metrics: torch.nn.ModuleDict, prog_bar: bool = True) -> None:
         """Log and reset prediction-weighted means (MeanMetric.compute() reduces over
-        processes), and the perplexity of `perplexity_of`."""
+        processes), and the perplexity of `language_model_loss`."""
         values = {name: m.compute() for name, m in metrics.items() if m.update_called}
         if values and "loss" not in values:  # the loss is a sum of terms (MLM + NSP)
             values["loss"] = sum(values[term] for term in self.loss_terms if term in values)
         for name, value in values.items():
             self.log(f"{split}/{name}", value, prog_bar=prog_bar and name == "loss")
-        if self.perplexity_of in values:
-            self.log(f"{split}/perplexity", torch.exp(values[self.perplexity_of].clamp(max=50)))
+        if self.language_model_loss in values:
+            perplexity = torch.exp(values[self.language_model_loss].clamp(max=50))
+            self.log(f"{split}/perplexity", perplexity)
         for metric in metrics.values():
             metric.reset()
 
@@ -336,7 +346,7 @@ def _accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class BertPretraining(PretrainModule):
     """BERT masked LM + next-sentence prediction (total loss = MLM + NSP)."""
 
-    perplexity_of = "mlm_loss"
+    language_model_loss = "mlm_loss"
     loss_terms: ClassVar[dict[str, str]] = {
         "mlm_loss": LossCount.MASKED,
         "nsp_loss": LossCount.SEQUENCES,

@@ -82,6 +82,7 @@ def build_trainer(
     run_dir: Path,
     extras: L.Callback,
     *,
+    best_by: str,
     budget: TimeBudget | None = None,
     probe: StepProbe | None = None,
     corpus_init: CorpusInit | None = None,
@@ -91,7 +92,8 @@ def build_trainer(
     `probe`: downstream probes; `corpus_init`: the weights a fresh run counts from its corpus
     (word vectors, output bias); `resumed`: the checkpoint the run resumes from, already read
     (Lightning gets its contents instead of reading the file again; its wandb run is
-    continued, pipeline/training/loggers.py)."""
+    continued, pipeline/training/loggers.py); `best_by`: the held-out figure the best
+    checkpoints are kept by (`PretrainModule.held_out_figure`)."""
     resume_id = resumed.record.wandb.get("id") if resumed is not None else None
     accumulate = cfg.trainer.accumulate_grad_batches
     # optimizer steps -> the micro-batches Lightning counts
@@ -120,7 +122,7 @@ def build_trainer(
             # names a lost process by rank and host (pipeline/training/strategies.py)
             PeerDirectory(OmegaConf.select(cfg, "trainer.strategy.timeout_s", default=None)),
             *progress_bar(cfg.trainer),
-            *checkpoint_callbacks(run_dir, **cfg.checkpoint, resumed=resumed),
+            *checkpoint_callbacks(run_dir, **cfg.checkpoint, best_by=best_by, resumed=resumed),
         ],
         plugins=[AtomicCheckpointIO(already_read=resumed)],
     )
@@ -194,6 +196,7 @@ def assemble(
         probe=probe,
         corpus_init=corpus_init,
         resumed=resumed,
+        best_by=module.held_out_figure(),
     )
     return module, datamodule, trainer
 
@@ -448,27 +451,29 @@ def print_summary(
         print(f"      or load {export_dir} with transformers.{family_named(family).hf_auto_class}")
     if places["metrics"].exists():
         print(f"report: {shlex.join(['make', 'report', f'run={run_dir}'])}")
-    rose = held_out_rise(trainer, metrics.get("val/loss"))
+    rose = held_out_rise(trainer, metrics)
     if rose:
         print(f"\n{rose}")
 
 
-def held_out_rise(trainer: L.Trainer, last_loss: float | None) -> str | None:
-    """What to say when the run's last validation loss ended more than `HELD_OUT_ROSE_BY` above
-    its lowest (the model memorized its training text, and `ckpt=<run>`, which loads the last
-    checkpoint, is not the run's best model); None otherwise."""
+def held_out_rise(trainer: L.Trainer, metrics: dict[str, float]) -> str | None:
+    """What to say when the run's held-out figure (the one its best checkpoints are kept by,
+    `PretrainModule.held_out_figure`) ended more than `HELD_OUT_ROSE_BY` above its lowest (the
+    model memorized its training text, and `ckpt=<run>`, which loads the last checkpoint, is
+    not the run's best model); None otherwise. `metrics`: the run's last logged values."""
     lowest = best_checkpoint(trainer)
-    if lowest is None or last_loss is None or not math.isfinite(last_loss):
+    last = metrics.get(lowest.figure) if lowest is not None else None
+    if lowest is None or last is None or not math.isfinite(last):
         return None
-    path, loss, step = lowest
-    if last_loss <= loss * (1 + HELD_OUT_ROSE_BY):
+    if last <= lowest.score * (1 + HELD_OUT_ROSE_BY):
         return None
     shorter = "a shorter run (trainer.max_steps)"
-    if step is not None:
-        shorter = f"a run as long as its best: trainer.max_steps={step}"
+    if lowest.step is not None:
+        shorter = f"a run as long as its best: trainer.max_steps={lowest.step}"
     return (
-        f"held-out loss rose {last_loss / loss - 1:.0%} above its lowest: {loss:.4g} at "
-        f"{path.name}, {last_loss:.4g} at the end. The model has memorized its training text "
-        f"since then, and ckpt=<run> loads the last checkpoint: evaluate the best one with "
-        f"ckpt={path}. Next time, give it more text, model.dropout=0.1, or {shorter}"
+        f"held-out loss ({lowest.figure}) rose {last / lowest.score - 1:.0%} above its lowest: "
+        f"{lowest.score:.4g} at {lowest.path.name}, {last:.4g} at the end. The model has "
+        f"memorized its training text since then, and ckpt=<run> loads the last checkpoint: "
+        f"evaluate the best one with ckpt={lowest.path}. Next time, give it more text, "
+        f"model.dropout=0.1, or {shorter}"
     )

@@ -1,17 +1,23 @@
 """A pretraining run whose held-out loss ended above its lowest says so at the end, and names the
-kept best checkpoint (`ckpt=<run>` loads the last one)."""
+kept best checkpoint (`ckpt=<run>` loads the last one). The held-out loss is the language
+model's: BERT's best checkpoints are kept by its masked-LM loss, not by MLM + NSP."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
+from pipeline.checkpoint.saving import saved_score
+from pipeline.pretrain.modules import BertPretraining, GPTPretraining
 from pipeline.pretrain.run import HELD_OUT_ROSE_BY, held_out_rise
 from pipeline.report import read_metrics
 from tests.conftest import run_pretrain
 from tests.pipeline.resume_first_runs import TEN_STEPS, continue_run, ten_step_run
+from tests.pipeline.smoke_runs import smoke_run
 
 
 def trainer_with_best(path: str, score: float | None, monitor: str = "val/loss"):
@@ -26,27 +32,64 @@ def trainer_with_best(path: str, score: float | None, monitor: str = "val/loss")
 
 def test_a_loss_within_the_margin_of_its_lowest_says_nothing():
     trainer = trainer_with_best("/run/checkpoints/best-step0000200.ckpt", 4.0)
-    assert held_out_rise(trainer, 4.0) is None
-    assert held_out_rise(trainer, 4.0 * (1 + HELD_OUT_ROSE_BY) - 1e-6) is None
-    assert held_out_rise(trainer, None) is None  # the run never validated
+    assert held_out_rise(trainer, {"val/loss": 4.0}) is None
+    assert held_out_rise(trainer, {"val/loss": 4.0 * (1 + HELD_OUT_ROSE_BY) - 1e-6}) is None
+    assert held_out_rise(trainer, {}) is None  # the run never validated
 
 
 def test_a_loss_above_its_lowest_names_the_best_checkpoint():
     trainer = trainer_with_best("/run/checkpoints/best-step0000200.ckpt", 4.0)
-    said = held_out_rise(trainer, 5.0)
+    said = held_out_rise(trainer, {"val/loss": 5.0})
     assert said is not None
-    assert "rose 25% above its lowest" in said
+    assert "held-out loss (val/loss) rose 25% above its lowest" in said
     assert "4 at best-step0000200.ckpt, 5 at the end" in said
     assert "ckpt=/run/checkpoints/best-step0000200.ckpt" in said
     assert said.endswith("a run as long as its best: trainer.max_steps=200")
     # a best checkpoint under a name the run did not write (a copy a resume took in)
-    said = held_out_rise(trainer_with_best("/run/checkpoints/best-step0000200-copy.ckpt", 4.0), 5)
+    copy = trainer_with_best("/run/checkpoints/best-step0000200-copy.ckpt", 4.0)
+    said = held_out_rise(copy, {"val/loss": 5.0})
     assert said is not None and said.endswith("or a shorter run (trainer.max_steps)")
 
 
+def test_the_figure_checked_is_the_one_the_best_checkpoints_are_kept_by():
+    """BERT's: the masked-LM loss. Its total held-out loss (MLM + NSP) may rise with the
+    next-sentence loss while the masked LM still learns (BERT mini's hour on the books)."""
+    assert GPTPretraining.held_out_figure() == "val/loss"
+    assert BertPretraining.held_out_figure() == "val/mlm_loss"
+    trainer = trainer_with_best("/run/checkpoints/best-step0000200.ckpt", 3.6, "val/mlm_loss")
+    assert held_out_rise(trainer, {"val/loss": 9.0, "val/mlm_loss": 3.5}) is None
+    said = held_out_rise(trainer, {"val/loss": 4.0, "val/mlm_loss": 4.5})
+    assert said is not None and "held-out loss (val/mlm_loss) rose 25%" in said
+
+
 def test_without_a_kept_best_checkpoint_nothing_is_said():
-    assert held_out_rise(trainer_with_best("", None), 9.0) is None  # checkpoint.keep_best=0
-    assert held_out_rise(trainer_with_best("x.ckpt", 1.0, monitor="step"), 9.0) is None
+    assert held_out_rise(trainer_with_best("", None), {"val/loss": 9.0}) is None  # keep_best=0
+    periodic_only = trainer_with_best("x.ckpt", 1.0, monitor="step")
+    assert held_out_rise(periodic_only, {"val/loss": 9.0}) is None
+
+
+def test_a_bert_run_keeps_its_best_checkpoint_by_its_masked_lm_loss(tmp_path_factory):
+    run = smoke_run(tmp_path_factory, "bert-tiny")
+    logged = read_metrics(run.folder / "logs" / "metrics.csv")
+    (best,) = (run.folder / "checkpoints").glob("best-step*.ckpt")
+    states = torch.load(best, weights_only=True)["callbacks"]
+    (kept_by,) = [s for key, s in states.items() if "'monitor': 'val/mlm_loss'" in key]
+    step = int(best.stem.removeprefix("best-step"))
+    assert float(kept_by["current_score"]) == torch.tensor(logged["val/mlm_loss"][step]).item()
+    assert logged["val/loss"][step] > logged["val/mlm_loss"][step]  # the NSP loss is not in it
+
+
+def test_a_best_checkpoint_kept_by_another_figure_is_left_uncounted(tmp_path, caplog):
+    """A BERT run from before the masked-LM loss kept its best files by val/loss: resumed now,
+    they cannot be ranked against val/mlm_loss, so they are left on disk, not counted."""
+    callback = ModelCheckpoint(monitor="val/mlm_loss", mode="min")
+    older = ModelCheckpoint(monitor="val/loss", mode="min")
+    path = tmp_path / "best-step0000010.ckpt"
+    record = {"best_k_models": {str(path): torch.tensor(4.0)}, "current_score": torch.tensor(4.0)}
+    with caplog.at_level(logging.WARNING):
+        assert saved_score(path, callback, {"callbacks": {older.state_key: record}}) is None
+    assert "best checkpoints by val/mlm_loss: it was kept by val/loss" in caplog.text
+    assert saved_score(path, older, {"callbacks": {older.state_key: record}}) == 4.0
 
 
 def test_a_run_whose_loss_climbs_after_its_best_names_the_file_that_holds_it(
@@ -57,14 +100,14 @@ def test_a_run_whose_loss_climbs_after_its_best_names_the_file_that_holds_it(
     run = (*TEN_STEPS, "run_name=rise", "checkpoint.keep_best=1")
     # the session's run of 10 steps (TEN_STEPS, keep_best=1), continued in a copy
     first = ten_step_run(tmp_path_factory)
-    assert "held-out loss rose" not in first.done.stdout
+    assert "held-out loss (val/loss) rose" not in first.done.stdout
     run_dir = continue_run(first, tmp_path, "rise")
     resumed = run_pretrain(tmp_path, *run, "trainer.max_steps=20", "resume=auto", "optim.lr=3.0")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     losses = read_metrics(run_dir / "logs" / "metrics.csv")["val/loss"]
     lowest = min(losses, key=losses.get)
     assert losses[20] > losses[lowest] * (1 + HELD_OUT_ROSE_BY), losses
-    assert "held-out loss rose" in resumed.stdout
+    assert "held-out loss (val/loss) rose" in resumed.stdout
     named = resumed.stdout.split("ckpt=")[-1].split(". ")[0]
     assert Path(named) == run_dir / "checkpoints" / f"best-step{lowest:07d}.ckpt"
     assert Path(named).is_file()
