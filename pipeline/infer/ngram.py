@@ -29,10 +29,11 @@ corpus of books (tens of millions of tokens) is counted without holding its toke
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from pipeline.run.errors import ConfigError
 
@@ -137,6 +138,12 @@ class KneserNey:
         padded = _padded(ids, self.order, self.vocab_size)
         windows = np.lib.stride_tricks.sliding_window_view(padded, self.order)
         return float(np.log(self.probabilities(windows[:, :-1], windows[:, -1])).sum())
+
+    def sentence_logprobs(self, sentences: Sequence[str], tokenizer: Tokenizer) -> list[float]:
+        """log p of each sentence in nats, tokenized by `tokenizer` without special tokens and
+        read as the start of a document."""
+        encoded = tokenizer.encode_batch(list(sentences), add_special_tokens=False)
+        return [self.logprob(e.ids) for e in encoded]
 
     def distribution(self, context: list[int]) -> np.ndarray:
         """p(w | context) for every w of the vocabulary (context: the last order - 1 ids)."""

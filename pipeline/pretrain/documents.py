@@ -1,27 +1,53 @@
 """The training documents of a pretraining run, read back from the config its checkpoints
 record: the same corpus, tokenizer, store and validation split as the run trained on, for what
-is counted from the very text the model saw (the n-gram row of `make evaluate-lm suite=blimp`).
+is counted from the very text the model saw (the n-gram row of `make evaluate-lm suite=blimp`),
+and the key that identifies them, for what is cached from them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
+from datamodules.pretrain import PretrainDataModule
 from pipeline.pretrain.checks import check_config
 from pipeline.pretrain.run import build_datamodule
 from pipeline.run.errors import ConfigError
 
 
-def run_training_documents(config: dict[str, Any], tokenizer: Tokenizer) -> Iterator[np.ndarray]:
-    """The token ids of each training document of the run whose resolved config is `config`
-    (a checkpoint's `CheckpointRecord.config`), tokenized by its `tokenizer`; the token store is
-    reused from the cache (built when it is not there). The validation documents are held out
-    as a one-process run holds them out.
+@dataclass(frozen=True)
+class TrainingText:
+    """A run's training documents, as its datamodule reads them (`documents`), and `key`.
+
+    Attributes:
+        datamodule: the run's datamodule, rebuilt from its config (nothing read yet).
+        key: identifies the documents: the corpus's fingerprint (its files' content, or their
+            size and time: `datamodules.corpora.fingerprint`), the settings that split and
+            tokenize them (`datamodule`, `objective`, `seed`) and the tokenizer. A setting
+            that cannot change them (a batch size) changes the key too: a cache keyed by it
+            may count again, never answers for other text.
+    """
+
+    datamodule: PretrainDataModule
+    key: str
+
+    def documents(self) -> Iterator[np.ndarray]:
+        """The token ids of each training document; the token store is reused from the cache
+        (built when it is not there), and the validation documents are held out as a
+        one-process run holds them out."""
+        return self.datamodule.training_documents()
+
+
+def run_training_text(config: dict[str, Any], tokenizer: Tokenizer) -> TrainingText:
+    """The training text of the run whose resolved config is `config` (a checkpoint's
+    `CheckpointRecord.config`), tokenized by its `tokenizer`.
 
     Raises:
         ConfigError: no config recorded (an HF export, a foreign checkpoint), or a corpus that
@@ -34,4 +60,8 @@ def run_training_documents(config: dict[str, Any], tokenizer: Tokenizer) -> Iter
         )
     cfg = OmegaConf.create(config)
     plan = check_config(cfg)
-    return build_datamodule(cfg, plan, tokenizer).training_documents()
+    datamodule = build_datamodule(cfg, plan, tokenizer)
+    settings = {name: config.get(name) for name in ("datamodule", "objective", "seed")}
+    parts = [datamodule.corpus.fingerprint(), settings, tokenizer.to_str()]
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
+    return TrainingText(datamodule, digest.hexdigest()[:16])

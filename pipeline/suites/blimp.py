@@ -28,14 +28,14 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from tokenizers import Tokenizer
 
 from pipeline.checkpoint.load import Pretrained, load_pretrained
 from pipeline.checkpoint.source import CheckpointSource
+from pipeline.infer import ngram as ngram_module
 from pipeline.infer.blimp import CHANCE, BlimpScores, Pair, answers, read_pairs
 from pipeline.infer.ngram import KneserNey
 from pipeline.infer.sentence_scoring import PLL_METHODS, SentenceScorer
-from pipeline.pretrain.documents import run_training_documents
+from pipeline.pretrain.documents import TrainingText, run_training_text
 from pipeline.run.errors import ConfigError, ResultsError
 from pipeline.run.families import family_named
 from pipeline.run.folder import run_folder_of
@@ -43,6 +43,7 @@ from pipeline.suites.seeds import PairedDifference, paired_difference
 from tokenizer.cache import write_text_atomic
 
 MODEL, TWIN = "model", "random twin"
+NGRAM_CACHE = "ngram-cache"  # the n-gram row's cached scores, in the run's folder
 DEFAULT_PLL = "word_l2r"
 
 
@@ -149,22 +150,71 @@ def random_twin(pretrained: Pretrained, seed: int) -> Pretrained:
     return Pretrained(pretrained.family, model.eval(), pretrained.tokenizer, pretrained.source)
 
 
-def counted_ngram(source: CheckpointSource, pretrained: Pretrained, order: int) -> KneserNey:
-    """A Kneser-Ney model of `order` counted from the run's training documents, tokenized as
-    the model reads them."""
+def ngram_row(
+    source: CheckpointSource, pretrained: Pretrained, pairs: Sequence[Pair], settings: DictConfig
+) -> tuple[BlimpScores, dict[str, float]]:
+    """The pairs scored by the Kneser-Ney model of `settings.ngram_order` of the run's training
+    documents, tokenized as the model reads them, each sentence read as the start of a
+    document; and the seconds it took, by what was done.
+
+    Counting that model reads the whole corpus (books: about 3 minutes), so its scores are
+    cached in the run's folder (`NGRAM_CACHE`), keyed by what identifies its training text
+    (`TrainingText.key`: a corpus edited since is counted again), the order, and the code that
+    counts and scores (pipeline/infer/ngram.py). On a miss it counts, scores every pair of BLiMP's folder
+    (`settings.dir`), not only those asked for, and writes them all, so a later call (every
+    pair after a quick look, another phenomenon) reads them."""
     tokenizer = pretrained.tokenizer
-    documents = run_training_documents(source.record.config, tokenizer)
-    return KneserNey.fit(documents, tokenizer.get_vocab_size(with_added_tokens=True), order)
+    text = run_training_text(source.record.config, tokenizer)
+    order = settings.ngram_order
+    path = ngram_cache_path(run_folder_of(source.path), text, order)
+    name = f"{order}-gram of the corpus"
+    sentences = [p.good for p in pairs] + [p.bad for p in pairs]
+    started = time.perf_counter()
+    cached = read_ngram_cache(path)
+    if all(s in cached for s in sentences):
+        print(f"BLiMP: the {name}'s scores from {path}", file=sys.stderr)
+        scores = cached
+        seconds = {"reading the cached n-gram scores": time.perf_counter() - started}
+    else:
+        print(f"BLiMP: counting a {order}-gram model of the run's corpus", file=sys.stderr)
+        vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        lm = KneserNey.fit(text.documents(), vocab_size, order)
+        seconds = {"counting the n-gram model": time.perf_counter() - started}
+        started = time.perf_counter()
+        every = read_pairs(settings.dir)
+        wanted = sorted({s for p in every for s in (p.good, p.bad)} | set(sentences))
+        counted = lm.sentence_logprobs(wanted, tokenizer)
+        scores = {**cached, **dict(zip(wanted, counted, strict=True))}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(scores))
+        seconds[name] = time.perf_counter() - started
+    row = BlimpScores.of(name, pairs, answers(pairs, lambda batch: [scores[s] for s in batch]))
+    return row, seconds
 
 
-def ngram_scores(pairs: Sequence[Pair], lm: KneserNey, tokenizer: Tokenizer) -> BlimpScores:
-    """The pairs scored by `lm`, each sentence read as the start of a document."""
+def ngram_cache_path(run: Path, text: TrainingText, order: int) -> Path:
+    """Where the scores of the `order`-gram model of `text`, the training text of the run in
+    folder `run`, are cached (sentence -> log p)."""
+    code = hashlib.sha256(Path(ngram_module.__file__).read_bytes()).hexdigest()[:8]
+    return run / NGRAM_CACHE / f"{text.key}-order{order}-{code}.json"
 
-    def score(sentences: list[str]) -> list[float]:
-        encoded = tokenizer.encode_batch(sentences, add_special_tokens=False)
-        return [lm.logprob(e.ids) for e in encoded]
 
-    return BlimpScores.of(f"{lm.order}-gram of the corpus", pairs, answers(pairs, score))
+def read_ngram_cache(path: Path) -> dict[str, float]:
+    """The cached scores at `path`; none when it is missing or unreadable (a file that is
+    not such a cache is replaced when the model is counted again)."""
+    try:
+        scores = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        print(f"BLiMP: ignoring the n-gram cache {path} ({err}): counting again", file=sys.stderr)
+        return {}
+    if not isinstance(scores, dict) or not all(isinstance(v, float) for v in scores.values()):
+        print(
+            f"BLiMP: ignoring the n-gram cache {path} (not scores): counting again", file=sys.stderr
+        )
+        return {}
+    return scores
 
 
 def check_settings(settings: DictConfig, vocab_size: int) -> None:
@@ -202,18 +252,13 @@ def evaluate_blimp(
     tokenizer = pretrained.tokenizer
     check_settings(settings, tokenizer.get_vocab_size(with_added_tokens=True))
     seconds: dict[str, float] = {}
-    lm, skipped = None, None
-    if settings.ngram_order is not None:
-        if source.contents is None:
-            skipped = "an HF folder records no corpus (give the run's folder or a *.ckpt)"
-        else:
-            started = time.perf_counter()
-            print(
-                f"BLiMP: counting a {settings.ngram_order}-gram model of the run's corpus",
-                file=sys.stderr,
-            )
-            lm = counted_ngram(source, pretrained, settings.ngram_order)
-            seconds["counting the n-gram model"] = time.perf_counter() - started
+    skipped = None
+    if settings.ngram_order is not None and source.contents is None:
+        skipped = "an HF folder records no corpus (give the run's folder or a *.ckpt)"
+    ngram = None
+    if settings.ngram_order is not None and skipped is None:
+        ngram, took = ngram_row(source, pretrained, pairs, settings)
+        seconds.update(took)
     scored: list[tuple[str, Pretrained]] = [(MODEL, pretrained)]
     if settings.twin:
         scored.append((TWIN, random_twin(pretrained, settings.twin_seed)))
@@ -228,10 +273,8 @@ def evaluate_blimp(
         rows.append(BlimpScores.of(name, pairs, answers(pairs, scorer)))
         model.model.cpu()
         seconds[name] = time.perf_counter() - started
-    if lm is not None:
-        started = time.perf_counter()
-        rows.append(ngram_scores(pairs, lm, tokenizer))
-        seconds[rows[-1].name] = time.perf_counter() - started
+    if ngram is not None:
+        rows.append(ngram)
     rows.extend(BlimpScores.paper(settings.dir, list(rows[0].phenomena)))
     record_settings = OmegaConf.to_container(settings, resolve=True)
     return BlimpReport(str(source.path), method, rows, record_settings, seconds, skipped)

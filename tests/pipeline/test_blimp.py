@@ -21,13 +21,15 @@ from torch import nn
 
 from models.bert import BertConfig, BertForPreTraining
 from models.gpt import GPTOutput
-from pipeline.checkpoint.load import Pretrained
+from pipeline.checkpoint.load import Pretrained, load_pretrained
+from pipeline.checkpoint.source import resolve_checkpoint
 from pipeline.infer.blimp import BlimpScores, Pair, answers, read_pairs
 from pipeline.infer.ngram import KneserNey
 from pipeline.infer.sentence_scoring import SentenceScorer
+from pipeline.pretrain.documents import run_training_text
 from pipeline.report import write_report
 from pipeline.run.errors import ConfigError, ResultsError
-from pipeline.suites.blimp import check_settings, random_twin
+from pipeline.suites.blimp import NGRAM_CACHE, check_settings, ngram_row, random_twin
 from tests.conftest import CLI_ENV, REPO, run_command, run_pretrain
 from tests.pipeline.smoke_runs import copy_run, smoke_run
 from tests.pipeline.test_cli import make_repo
@@ -454,6 +456,40 @@ def test_evaluate_lm_suite_blimp_on_a_pretraining_run(tmp_path, tmp_path_factory
     (run / "blimp-broken.json").write_text("{}")
     with pytest.raises(ResultsError, match="blimp-broken.json is not a BLiMP record"):
         write_report([run], tmp_path / "report")
+
+
+def test_the_ngram_row_is_counted_once_then_read_from_the_run_folder(tmp_path, tmp_path_factory):
+    """Counting the n-gram model reads the whole corpus (minutes for books): a later call on
+    the same run, with more pairs, reads its scores from the run's folder, the same answers;
+    a damaged cache is counted again, and other training text has another key."""
+    run = copy_run(smoke_run(tmp_path_factory, "gpt-tiny"), tmp_path / "out" / "gpt-tiny" / "r")
+    blimp = write_blimp(tmp_path / "blimp")
+    source = resolve_checkpoint(str(run))
+    pretrained = load_pretrained(source)
+    tokenizer = pretrained.tokenizer
+    settings = OmegaConf.create({"dir": str(blimp), "ngram_order": 3})
+    text = run_training_text(source.record.config, tokenizer)
+    lm = KneserNey.fit(text.documents(), tokenizer.get_vocab_size(with_added_tokens=True), 3)
+
+    def by_hand(pairs: list[Pair]) -> BlimpScores:
+        correct = answers(pairs, lambda batch: lm.sentence_logprobs(batch, tokenizer))
+        return BlimpScores.of("3-gram of the corpus", pairs, correct)
+
+    quick, every = read_pairs(blimp, 1), read_pairs(blimp)
+    assert len(every) > len(quick)
+    row, took = ngram_row(source, pretrained, quick, settings)
+    assert "counting the n-gram model" in took and row == by_hand(quick)
+    # every pair of the folder was scored when counted, not only the ones asked for
+    (cache,) = (run / NGRAM_CACHE).glob("*.json")
+    row, took = ngram_row(source, pretrained, every, settings)
+    assert list(took) == ["reading the cached n-gram scores"] and row == by_hand(every)
+    cache.write_text('{"The dogs bark.": ')
+    row, took = ngram_row(source, pretrained, every, settings)
+    assert "counting the n-gram model" in took and row == by_hand(every)
+    assert len(json.loads(cache.read_text())) == 2 * len(every)
+    reseeded = {**source.record.config, "seed": source.record.config["seed"] + 1}
+    assert run_training_text(reseeded, tokenizer).key != text.key
+    assert run_training_text(dict(source.record.config), tokenizer).key == text.key
 
 
 def test_evaluate_lm_suite_blimp_on_a_fine_tuned_run_names_its_pretraining_run(
