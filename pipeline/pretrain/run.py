@@ -63,9 +63,9 @@ from tokenizer import get_tokenizer, warn_if_short_vocabulary
 
 log = logging.getLogger(__name__)
 
-# How far above the run's lowest validation loss its last one may end before the summary says
-# the model got worse on held-out text (relative: 1% of the loss). Neighbouring validations of a
-# run still learning differ by less; GPT mini's 10-minute runs on tiny Shakespeare (13 passes)
+# How far above its lowest the run's last held-out language-model loss may end before the
+# summary says the model got worse on held-out text (relative: 1% of the loss). Neighbouring
+# validations of a run still learning differ by less; GPT mini's 10-minute runs on tiny Shakespeare (13 passes)
 # ended 10-20% (AdamW) and 44-61% (Muon) above (docs/results/recipes.md).
 HELD_OUT_ROSE_BY = 0.01
 
