@@ -43,7 +43,7 @@ from pipeline.suites.seeds import PairedDifference, paired_difference
 from tokenizer.cache import write_text_atomic
 
 MODEL, TWIN = "model", "random twin"
-NGRAM_CACHE = "ngram-cache"  # the n-gram row's cached scores, in the run's folder
+NGRAM_CACHE = "ngram"  # the n-gram row's cached scores, in the cache folder (`paths.cache_dir`)
 DEFAULT_PLL = "word_l2r"
 
 
@@ -158,21 +158,22 @@ def ngram_row(
     document; and the seconds it took, by what was done.
 
     Counting that model reads the whole corpus (books: about 3 minutes), so its scores are
-    cached in the run's folder (`NGRAM_CACHE`), keyed by what identifies its training text
-    (`TrainingText.key`: a corpus edited since is counted again), the order, and the code that
-    counts and scores (pipeline/infer/ngram.py). On a miss it counts, scores every pair of BLiMP's folder
+    cached in the run's cache folder (`paths.cache_dir`/`NGRAM_CACHE`), keyed by what
+    identifies its training text (`TrainingText.key`: a corpus edited since is counted again;
+    another run of the same text, another length or model, reads them), the order, and the
+    code that counts and scores (pipeline/infer/ngram.py). On a miss it counts, scores every pair of BLiMP's folder
     (`settings.dir`), not only those asked for, and writes them all, so a later call (every
     pair after a quick look, another phenomenon) reads them."""
+    started = time.perf_counter()
     tokenizer = pretrained.tokenizer
     text = run_training_text(source.record.config, tokenizer)
     order = settings.ngram_order
-    path = ngram_cache_path(run_folder_of(source.path), text, order)
+    path = ngram_cache_path(text, order)
     name = f"{order}-gram of the corpus"
     sentences = [p.good for p in pairs] + [p.bad for p in pairs]
-    started = time.perf_counter()
     cached = read_ngram_cache(path)
     if all(s in cached for s in sentences):
-        print(f"BLiMP: the {name}'s scores from {path}", file=sys.stderr)
+        print(f"BLiMP: the {order}-gram model's scores, from {path}", file=sys.stderr)
         scores = cached
         seconds = {"reading the cached n-gram scores": time.perf_counter() - started}
     else:
@@ -192,11 +193,11 @@ def ngram_row(
     return row, seconds
 
 
-def ngram_cache_path(run: Path, text: TrainingText, order: int) -> Path:
-    """Where the scores of the `order`-gram model of `text`, the training text of the run in
-    folder `run`, are cached (sentence -> log p)."""
+def ngram_cache_path(text: TrainingText, order: int) -> Path:
+    """Where the scores of the `order`-gram model of `text` are cached (sentence -> log p)."""
     code = hashlib.sha256(Path(ngram_module.__file__).read_bytes()).hexdigest()[:8]
-    return run / NGRAM_CACHE / f"{text.key}-order{order}-{code}.json"
+    folder = Path(text.datamodule.cache_dir) / NGRAM_CACHE
+    return folder / f"{text.key}-order{order}-{code}.json"
 
 
 def read_ngram_cache(path: Path) -> dict[str, float]:

@@ -458,13 +458,15 @@ def test_evaluate_lm_suite_blimp_on_a_pretraining_run(tmp_path, tmp_path_factory
         write_report([run], tmp_path / "report")
 
 
-def test_the_ngram_row_is_counted_once_then_read_from_the_run_folder(tmp_path, tmp_path_factory):
+def test_the_ngram_row_is_counted_once_then_read_from_the_cache(tmp_path, tmp_path_factory):
     """Counting the n-gram model reads the whole corpus (minutes for books): a later call on
-    the same run, with more pairs, reads its scores from the run's folder, the same answers;
-    a damaged cache is counted again, and other training text has another key."""
+    the same training text, with more pairs, reads its scores from the cache folder, the same
+    answers; a damaged cache is counted again, and other training text has another key."""
     run = copy_run(smoke_run(tmp_path_factory, "gpt-tiny"), tmp_path / "out" / "gpt-tiny" / "r")
     blimp = write_blimp(tmp_path / "blimp")
     source = resolve_checkpoint(str(run))
+    # a cache folder of this test's own (the session's smoke run's is shared)
+    source.record.config["paths"]["cache_dir"] = str(tmp_path / "cache")
     pretrained = load_pretrained(source)
     tokenizer = pretrained.tokenizer
     settings = OmegaConf.create({"dir": str(blimp), "ngram_order": 3})
@@ -480,7 +482,7 @@ def test_the_ngram_row_is_counted_once_then_read_from_the_run_folder(tmp_path, t
     row, took = ngram_row(source, pretrained, quick, settings)
     assert "counting the n-gram model" in took and row == by_hand(quick)
     # every pair of the folder was scored when counted, not only the ones asked for
-    (cache,) = (run / NGRAM_CACHE).glob("*.json")
+    (cache,) = (tmp_path / "cache" / NGRAM_CACHE).glob("*.json")
     row, took = ngram_row(source, pretrained, every, settings)
     assert list(took) == ["reading the cached n-gram scores"] and row == by_hand(every)
     cache.write_text('{"The dogs bark.": ')
