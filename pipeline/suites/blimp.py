@@ -186,8 +186,11 @@ def ngram_row(
         wanted = sorted({s for p in every for s in (p.good, p.bad)} | set(sentences))
         counted = lm.sentence_logprobs(wanted, tokenizer)
         scores = {**cached, **dict(zip(wanted, counted, strict=True))}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(scores))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(path, json.dumps(scores))
+        except OSError as err:  # a read-only or full cache folder: scored all the same
+            print(f"BLiMP: could not keep the n-gram scores in {path}: {err}", file=sys.stderr)
         seconds[name] = time.perf_counter() - started
     row = BlimpScores.of(name, pairs, answers(pairs, lambda batch: [scores[s] for s in batch]))
     return row, seconds

@@ -458,7 +458,7 @@ def test_evaluate_lm_suite_blimp_on_a_pretraining_run(tmp_path, tmp_path_factory
         write_report([run], tmp_path / "report")
 
 
-def test_the_ngram_row_is_counted_once_then_read_from_the_cache(tmp_path, tmp_path_factory):
+def test_the_ngram_row_is_counted_once_then_read_from_the_cache(tmp_path, tmp_path_factory, capsys):
     """Counting the n-gram model reads the whole corpus (minutes for books): a later call on
     the same training text, with more pairs, reads its scores from the cache folder, the same
     answers; a damaged cache is counted again, and other training text has another key."""
@@ -489,6 +489,12 @@ def test_the_ngram_row_is_counted_once_then_read_from_the_cache(tmp_path, tmp_pa
     row, took = ngram_row(source, pretrained, every, settings)
     assert "counting the n-gram model" in took and row == by_hand(every)
     assert len(json.loads(cache.read_text())) == 2 * len(every)
+    cache.unlink()
+    cache.parent.rmdir()
+    cache.parent.write_text("a file where the cache folder goes")  # it cannot be written
+    row, took = ngram_row(source, pretrained, every, settings)
+    assert row == by_hand(every) and cache.parent.is_file()
+    assert "could not keep the n-gram scores" in capsys.readouterr().err
     reseeded = {**source.record.config, "seed": source.record.config["seed"] + 1}
     assert run_training_text(reseeded, tokenizer).key != text.key
     assert run_training_text(dict(source.record.config), tokenizer).key == text.key
