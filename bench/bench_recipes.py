@@ -131,7 +131,8 @@ def validations(metrics_csv: Path) -> list[dict]:
 
 def lowest_validation(rows: list[dict], metric: str) -> dict:
     """Of a run's `validations`, the one with the lowest `metric` (the run's kept best checkpoint
-    is the one with the lowest `val/loss`; for GPT bits per byte falls and rises with it)."""
+    is the one with the lowest held-out language-model loss, `PretrainModule.held_out_figure`;
+    for GPT bits per byte falls and rises with it)."""
     return min(rows, key=lambda row: row.get(metric, float("inf")))
 
 

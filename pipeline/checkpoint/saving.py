@@ -203,23 +203,40 @@ def saved_score(
     unreadable, or kept by another figure); `contents`: the file's, when already read."""
     try:
         states = (contents or read_checkpoint(path))["callbacks"]
-        if callback.state_key not in states:
-            kept_by = [m for key in states for m in re.findall(r"'monitor': '([^']+)'", key)]
-            others = [m for m in kept_by if m not in ("step", callback.monitor)]
-            if others:  # a run that kept its best by another figure (BERT before val/mlm_loss)
-                log.warning(
-                    "not counting %s among the best checkpoints by %s: it was kept by %s, so it "
-                    "stays as it is",
-                    path,
-                    callback.monitor,
-                    others[0],
-                )
-                return None
+        if callback.state_key not in states and other_best_figures(states, callback.monitor):
+            # a run that kept its best by another figure (BERT before val/mlm_loss):
+            # `forget_other_best` said so once
+            log.info("not counting %s among the best by %s", path, callback.monitor)
+            return None
         state = states[callback.state_key]
         return state["best_k_models"].get(str(path), state["current_score"])
     except (CheckpointLoadError, KeyError, TypeError) as err:  # not one of ours to rank
         log.warning("not counting %s among the best checkpoints: %s", path, err)
         return None
+
+
+def other_best_figures(states: dict[str, Any], best_by: str) -> list[str]:
+    """The figures other than `best_by` (and the periodic checkpoints' "step") that the
+    checkpoint callbacks' `states` (a checkpoint's "callbacks") kept best checkpoints by."""
+    monitors = [s.get("monitor") for s in states.values() if isinstance(s, dict)]
+    return [m for m in monitors if isinstance(m, str) and m not in ("step", best_by)]
+
+
+def forget_other_best(resumed: CheckpointSource | None, best_by: str) -> None:
+    """Drop, from the checkpoint a run resumes from, the state of best checkpoints it kept by
+    another figure than `best_by` (a BERT run begun before `val/mlm_loss`), saying so once:
+    Lightning would restore it into no callback and ask for that callback back. The files
+    stay where they are, not ranked or removed (`saved_score`)."""
+    states = (resumed.contents or {}).get("callbacks", {}) if resumed is not None else {}
+    for figure in other_best_figures(states, best_by):
+        log.warning(
+            "this run kept its best checkpoints by %s until now, and keeps them by %s from "
+            "here on: the best-step files it kept stay as they are, not ranked or removed",
+            figure,
+            best_by,
+        )
+    for key in [k for k, s in states.items() if other_best_figures({k: s}, best_by)]:
+        del states[key]
 
 
 def checkpoint_callbacks(
@@ -235,6 +252,7 @@ def checkpoint_callbacks(
     from, with the folder's others already read."""
     directory = run_dir / CHECKPOINT_DIR
     already_read = resumed.beside if resumed is not None else {}
+    forget_other_best(resumed, best_by)
     periodic = StepCheckpoint(
         dirpath=directory,
         filename="step{step:07d}",
@@ -294,7 +312,7 @@ def best_checkpoint(trainer: L.Trainer) -> BestCheckpoint | None:
     has not validated."""
     for callback in trainer.checkpoint_callbacks:
         found = callback.best_model_path and callback.best_model_score is not None
-        if getattr(callback, "monitor", "step") != "step" and found:
+        if callback.filename.startswith(BEST_PREFIX) and found:
             path = Path(callback.best_model_path)
             named = re.fullmatch(rf"{BEST_PREFIX}(\d+)", path.stem)
             step = int(named.group(1)) if named else None

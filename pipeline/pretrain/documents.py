@@ -17,9 +17,11 @@ from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
 from datamodules.pretrain import PretrainDataModule
+from datamodules.stores.store import STORE_FORMAT, tokenizer_hash
 from pipeline.pretrain.checks import check_config
 from pipeline.pretrain.run import build_datamodule
 from pipeline.run.errors import ConfigError
+from tokenizer.cache import tokenizers_version
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,11 @@ class TrainingText:
     Attributes:
         datamodule: the run's datamodule, rebuilt from its config (nothing read yet).
         key: identifies the documents: the corpus's fingerprint (its files' content, or their
-            size and time: `datamodules.corpora.fingerprint`), the settings that split and
-            tokenize them (`datamodule`, `objective`, `seed`) and the tokenizer. A setting
-            that cannot change them (a batch size) changes the key too: a cache keyed by it
-            may count again, never answers for other text.
+            size and time past 1 GiB: `datamodules.corpora.fingerprint`), the settings that
+            split and tokenize them (`datamodule`, `objective`, `seed`), the tokenizer, the
+            `tokenizers` version and the token store's format, as the token store's own key
+            has them. A setting that cannot change the documents (a batch size) changes the
+            key too: a cache keyed by it may count again where it need not.
     """
 
     datamodule: PretrainDataModule
@@ -62,6 +65,12 @@ def run_training_text(config: dict[str, Any], tokenizer: Tokenizer) -> TrainingT
     plan = check_config(cfg)
     datamodule = build_datamodule(cfg, plan, tokenizer)
     settings = {name: config.get(name) for name in ("datamodule", "objective", "seed")}
-    parts = [datamodule.corpus.fingerprint(), settings, tokenizer.to_str()]
+    parts = [
+        datamodule.corpus.fingerprint(),
+        settings,
+        tokenizer_hash(tokenizer),
+        tokenizers_version(),
+        STORE_FORMAT,
+    ]
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
     return TrainingText(datamodule, digest.hexdigest()[:16])

@@ -199,7 +199,7 @@ def ngram_row(
 def ngram_cache_path(text: TrainingText, order: int) -> Path:
     """Where the scores of the `order`-gram model of `text` are cached (sentence -> log p)."""
     code = hashlib.sha256(Path(ngram_module.__file__).read_bytes()).hexdigest()[:8]
-    folder = Path(text.datamodule.cache_dir) / NGRAM_CACHE
+    folder = Path(text.datamodule.cache_dir).expanduser() / NGRAM_CACHE
     return folder / f"{text.key}-order{order}-{code}.json"
 
 

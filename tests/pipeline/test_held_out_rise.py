@@ -4,14 +4,12 @@ model's: BERT's best checkpoints are kept by its masked-LM loss, not by MLM + NS
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from pipeline.checkpoint.saving import saved_score
 from pipeline.pretrain.modules import BertPretraining, GPTPretraining
 from pipeline.pretrain.run import HELD_OUT_ROSE_BY, held_out_rise
 from pipeline.report import read_metrics
@@ -23,10 +21,13 @@ from tests.pipeline.smoke_runs import smoke_run
 def trainer_with_best(path: str, score: float | None, monitor: str = "val/loss"):
     best = SimpleNamespace(
         monitor=monitor,
+        filename="step{step:07d}" if monitor == "step" else "best-step{step:07d}",
         best_model_path=path,
         best_model_score=None if score is None else torch.tensor(score),
     )
-    periodic = SimpleNamespace(monitor="step", best_model_path="step9.ckpt", best_model_score=9)
+    periodic = SimpleNamespace(
+        monitor="step", filename="step{step:07d}", best_model_path="step9.ckpt", best_model_score=9
+    )
     return SimpleNamespace(checkpoint_callbacks=[periodic, best])
 
 
@@ -79,17 +80,41 @@ def test_a_bert_run_keeps_its_best_checkpoint_by_its_masked_lm_loss(tmp_path_fac
     assert logged["val/loss"][step] > logged["val/mlm_loss"][step]  # the NSP loss is not in it
 
 
-def test_a_best_checkpoint_kept_by_another_figure_is_left_uncounted(tmp_path, caplog):
+def test_a_bert_run_that_kept_its_best_by_the_total_loss_resumes_by_the_masked_lm_loss(
+    tmp_path, tmp_path_factory
+):
     """A BERT run from before the masked-LM loss kept its best files by val/loss: resumed now,
-    they cannot be ranked against val/mlm_loss, so they are left on disk, not counted."""
-    callback = ModelCheckpoint(monitor="val/mlm_loss", mode="min")
-    older = ModelCheckpoint(monitor="val/loss", mode="min")
-    path = tmp_path / "best-step0000010.ckpt"
-    record = {"best_k_models": {str(path): torch.tensor(4.0)}, "current_score": torch.tensor(4.0)}
-    with caplog.at_level(logging.WARNING):
-        assert saved_score(path, callback, {"callbacks": {older.state_key: record}}) is None
-    assert "best checkpoints by val/mlm_loss: it was kept by val/loss" in caplog.text
-    assert saved_score(path, older, {"callbacks": {older.state_key: record}}) == 4.0
+    they cannot be ranked against val/mlm_loss, so they stay on disk, not counted, and the run
+    says so once (Lightning does not ask for the old callback back)."""
+    run = smoke_run(tmp_path_factory, "bert-tiny")
+    folder = continue_run(run, tmp_path, "older")
+    new = ModelCheckpoint(monitor="val/mlm_loss", mode="min")
+    old = ModelCheckpoint(monitor="val/loss", mode="min")
+    for path in (folder / "checkpoints").glob("*.ckpt"):  # as a run before 238be54 saved them
+        contents = torch.load(path, weights_only=True)
+        state = contents["callbacks"].pop(
+            new.state_key.replace("ModelCheckpoint", "StepCheckpoint")
+        )
+        contents["callbacks"][old.state_key.replace("ModelCheckpoint", "StepCheckpoint")] = {
+            **state,
+            "monitor": "val/loss",
+        }
+        torch.save(contents, path)
+    (older_best,) = (folder / "checkpoints").glob("best-step*.ckpt")
+    resumed = run_pretrain(
+        tmp_path,
+        "model=bert-tiny",
+        "debug=smoke",
+        "run_name=older",
+        "resume=auto",
+        "trainer.max_steps=10",
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    said = resumed.stdout + resumed.stderr
+    assert said.count("kept its best checkpoints by val/loss until now") == 1, said[-3000:]
+    assert "Please add the following callbacks" not in said
+    assert older_best.is_file()
+    assert (folder / "checkpoints" / "best-step0000010.ckpt").is_file()
 
 
 def test_a_run_whose_loss_climbs_after_its_best_names_the_file_that_holds_it(
