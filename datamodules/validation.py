@@ -49,8 +49,8 @@ def check_validation(val_fraction: float, val_corpus: Any, extra: Mapping | None
     if extra and val_fraction == 0 and val_corpus is None:
         raise DataSetupError(
             "datamodule.extra_validation needs the run's own validation beside it (the "
-            "held-out loss the best checkpoints go by), and datamodule.val_fraction=0 holds none out; "
-            "e.g. datamodule.val_fraction=0.05"
+            "held-out loss the best checkpoints go by), and datamodule.val_fraction=0 holds "
+            "none out; e.g. datamodule.val_fraction=0.05"
         )
 
 

@@ -203,7 +203,7 @@ def saved_score(
     unreadable, or kept by another figure); `contents`: the file's, when already read."""
     try:
         states = (contents or read_checkpoint(path))["callbacks"]
-        if callback.state_key not in states and other_best_figures(states, callback.monitor):
+        if callback.state_key not in states and other_best_states(states, callback.monitor):
             # a run that kept its best by another figure (BERT before val/mlm_loss):
             # `forget_other_best` said so once
             log.info("not counting %s among the best by %s", path, callback.monitor)
@@ -215,11 +215,14 @@ def saved_score(
         return None
 
 
-def other_best_figures(states: dict[str, Any], best_by: str) -> list[str]:
-    """The figures other than `best_by` (and the periodic checkpoints' "step") that the
-    checkpoint callbacks' `states` (a checkpoint's "callbacks") kept best checkpoints by."""
-    monitors = [s.get("monitor") for s in states.values() if isinstance(s, dict)]
-    return [m for m in monitors if isinstance(m, str) and m not in ("step", best_by)]
+def other_best_states(states: dict[str, Any], best_by: str) -> dict[str, str]:
+    """Of the checkpoint callbacks' `states` (a checkpoint's "callbacks"), those that kept best
+    checkpoints by another figure than `best_by` (not the periodic checkpoints' "step"): state
+    key -> that figure."""
+    monitors = {key: s.get("monitor") for key, s in states.items() if isinstance(s, dict)}
+    return {
+        key: m for key, m in monitors.items() if isinstance(m, str) and m not in ("step", best_by)
+    }
 
 
 def forget_other_best(resumed: CheckpointSource | None, best_by: str) -> None:
@@ -228,14 +231,13 @@ def forget_other_best(resumed: CheckpointSource | None, best_by: str) -> None:
     Lightning would restore it into no callback and ask for that callback back. The files
     stay where they are, not ranked or removed (`saved_score`)."""
     states = (resumed.contents or {}).get("callbacks", {}) if resumed is not None else {}
-    for figure in other_best_figures(states, best_by):
+    for key, figure in other_best_states(states, best_by).items():
         log.warning(
             "this run kept its best checkpoints by %s until now, and keeps them by %s from "
             "here on: the best-step files it kept stay as they are, not ranked or removed",
             figure,
             best_by,
         )
-    for key in [k for k, s in states.items() if other_best_figures({k: s}, best_by)]:
         del states[key]
 
 

@@ -65,8 +65,9 @@ log = logging.getLogger(__name__)
 
 # How far above its lowest the run's last held-out language-model loss may end before the
 # summary says the model got worse on held-out text (relative: 1% of the loss). Neighbouring
-# validations of a run still learning differ by less; GPT mini's 10-minute runs on tiny Shakespeare (13 passes)
-# ended 10-20% (AdamW) and 44-61% (Muon) above (docs/results/recipes.md).
+# validations of a run still learning differ by less; GPT mini's 10-minute runs on tiny
+# Shakespeare (13 passes) ended 10-20% (AdamW) and 44-61% (Muon) above
+# (docs/results/recipes.md).
 HELD_OUT_ROSE_BY = 0.01
 
 
@@ -462,10 +463,10 @@ def held_out_rise(trainer: L.Trainer, metrics: dict[str, float]) -> str | None:
     model memorized its training text, and `ckpt=<run>`, which loads the last checkpoint, is
     not the run's best model); None otherwise. `metrics`: the run's last logged values."""
     lowest = best_checkpoint(trainer)
-    last = metrics.get(lowest.figure) if lowest is not None else None
-    if lowest is None or last is None or not math.isfinite(last):
+    if lowest is None:
         return None
-    if last <= lowest.score * (1 + HELD_OUT_ROSE_BY):
+    last = metrics.get(lowest.figure)
+    if last is None or not math.isfinite(last) or last <= lowest.score * (1 + HELD_OUT_ROSE_BY):
         return None
     shorter = "a shorter run (trainer.max_steps)"
     if lowest.step is not None:

@@ -161,9 +161,9 @@ def ngram_row(
     cached in the run's cache folder (`paths.cache_dir`/`NGRAM_CACHE`), keyed by what
     identifies its training text (`TrainingText.key`: a corpus edited since is counted again;
     another run of the same text, another length or model, reads them), the order, and the
-    code that counts and scores (pipeline/infer/ngram.py). On a miss it counts, scores every pair of BLiMP's folder
-    (`settings.dir`), not only those asked for, and writes them all, so a later call (every
-    pair after a quick look, another phenomenon) reads them."""
+    code that counts and scores (pipeline/infer/ngram.py). On a miss it counts, scores every
+    pair of BLiMP's folder (`settings.dir`), not only those asked for, and writes them all, so
+    a later call (every pair after a quick look, another phenomenon) reads them."""
     started = time.perf_counter()
     tokenizer = pretrained.tokenizer
     text = run_training_text(source.record.config, tokenizer)
@@ -256,13 +256,13 @@ def evaluate_blimp(
     tokenizer = pretrained.tokenizer
     check_settings(settings, tokenizer.get_vocab_size(with_added_tokens=True))
     seconds: dict[str, float] = {}
-    skipped = None
-    if settings.ngram_order is not None and source.contents is None:
-        skipped = "an HF folder records no corpus (give the run's folder or a *.ckpt)"
-    ngram = None
-    if settings.ngram_order is not None and skipped is None:
-        ngram, took = ngram_row(source, pretrained, pairs, settings)
-        seconds.update(took)
+    ngram, skipped = None, None
+    if settings.ngram_order is not None:
+        if source.contents is None:
+            skipped = "an HF folder records no corpus (give the run's folder or a *.ckpt)"
+        else:
+            ngram, took = ngram_row(source, pretrained, pairs, settings)
+            seconds.update(took)
     scored: list[tuple[str, Pretrained]] = [(MODEL, pretrained)]
     if settings.twin:
         scored.append((TWIN, random_twin(pretrained, settings.twin_seed)))
