@@ -25,6 +25,7 @@ import yaml
 
 from pipeline.finetune.results import FinetuneResults
 from pipeline.run.errors import ResultsError, SuiteRecordError
+from pipeline.run.families import family_of_target
 from pipeline.run.folder import RESULTS, SUITE_RECORD
 from pipeline.suites.blimp import read_reports as read_blimp_reports
 from pipeline.suites.summary import SuiteSummary, summarize_suites
@@ -97,6 +98,13 @@ class PretrainRun:
                 return None
             node = node[part]
         return node
+
+    def held_out_figure(self) -> str:
+        """The held-out language-model loss that the run's best checkpoints follow
+        (`val/mlm_loss` for BERT, `val/loss` for GPT), from its family's LightningModule;
+        `val/loss` where the config names no registered family."""
+        family = family_of_target(str(self.lookup("model._target_")))
+        return family.module_class.held_out_figure() if family else "val/loss"
 
     def series(self, column: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, values) of a column in step order, finite values only."""

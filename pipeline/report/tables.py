@@ -104,10 +104,11 @@ def final_metrics(run: PretrainRun) -> dict[str, Any]:
         _, values = run.series(column)
         if len(values):
             out[f"final {column}"] = float(values[-1])
-    val_steps, val_loss = run.series("val/loss")
+    figure = run.held_out_figure()  # what its best checkpoints follow
+    val_steps, val_loss = run.series(figure)
     if len(val_loss):
         best = int(np.argmin(val_loss))
-        out["best val/loss"] = f"{val_loss[best]:.4g} at step {int(val_steps[best])}"
+        out[f"best {figure}"] = f"{val_loss[best]:.4g} at step {int(val_steps[best])}"
     _, train_loss = run.series("train/loss")
     if len(train_loss):
         window = min(smoothing_window(len(train_loss)), len(train_loss))

@@ -175,6 +175,22 @@ def test_overlay_of_two_runs_with_the_same_name(tmp_path):
     assert [p.name for p in (tmp_path / "cmp").glob("*.png")] == ["learning_rate.png"]
 
 
+def test_best_row_follows_the_loss_the_family_keeps_its_best_checkpoints_by(tmp_path):
+    # BERT's best checkpoints follow the masked-LM loss, not MLM + NSP; GPT's follow val/loss.
+    # Here BERT's total loss is lowest at step 19 and its masked-LM loss at step 39.
+    rows = [{"step": 0, "train/loss": 5.0}]
+    rows += [{"step": 19, "val/loss": 3.0, "val/mlm_loss": 2.9}]
+    rows += [{"step": 39, "val/loss": 3.1, "val/mlm_loss": 2.5}]
+    for name, target in (("bert", "models.config.BertConfig"), ("gpt", "models.config.GPTConfig")):
+        write_metrics(tmp_path / name / "logs" / "metrics.csv", rows)
+        hparams = f"model:\n  _target_: {target}\n"
+        (tmp_path / name / "logs" / "hparams.yaml").write_text(hparams)
+    report = write_report([tmp_path / "bert", tmp_path / "gpt"], out=tmp_path / "cmp")
+    html = report.html.read_text()
+    assert re.search(r"best val/mlm_loss</td><td>2\.5 at step 39</td><td></td>", html)
+    assert re.search(r"best val/loss</td><td></td><td>3 at step 19</td>", html)
+
+
 def write_finetune(folder: Path, task: str, seed: int, scores: dict[str, list[float]]) -> None:
     """A fine-tuning run folder: results.json and metrics.csv (dev scores per epoch)."""
     metric = "accuracy"
