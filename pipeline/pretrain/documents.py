@@ -16,7 +16,7 @@ import numpy as np
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
-from datamodules.pretrain import PretrainDataModule
+from datamodules.pretrain import TRAINING_DOCUMENTS_FORMAT, PretrainDataModule
 from datamodules.stores.store import STORE_FORMAT, tokenizer_hash
 from pipeline.pretrain.checks import check_config
 from pipeline.pretrain.run import build_datamodule
@@ -34,8 +34,9 @@ class TrainingText:
             size and time past 1 GiB: `datamodules.corpora.fingerprint`), the settings that
             split and tokenize them (`datamodule`, `objective`, `seed`), the tokenizer, the
             `tokenizers` version and the token store's format, as the token store's own key
-            has them. A setting that cannot change the documents (a batch size) changes the
-            key too: a cache keyed by it may count again where it need not.
+            has them, and the version of how documents are held out for validation
+            (`TRAINING_DOCUMENTS_FORMAT`). A setting that cannot change the documents (a batch
+            size) changes the key too: a cache keyed by it may count again where it need not.
     """
 
     datamodule: PretrainDataModule
@@ -71,6 +72,7 @@ def run_training_text(config: dict[str, Any], tokenizer: Tokenizer) -> TrainingT
         tokenizer_hash(tokenizer),
         tokenizers_version(),
         STORE_FORMAT,
+        TRAINING_DOCUMENTS_FORMAT,
     ]
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
     return TrainingText(datamodule, digest.hexdigest()[:16])

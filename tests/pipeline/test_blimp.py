@@ -26,6 +26,7 @@ from pipeline.checkpoint.source import resolve_checkpoint
 from pipeline.infer.blimp import BlimpScores, Pair, answers, read_pairs
 from pipeline.infer.ngram import KneserNey
 from pipeline.infer.sentence_scoring import SentenceScorer
+from pipeline.pretrain import documents
 from pipeline.pretrain.documents import run_training_text
 from pipeline.report import write_report
 from pipeline.run.errors import ConfigError, ResultsError
@@ -458,7 +459,9 @@ def test_evaluate_lm_suite_blimp_on_a_pretraining_run(tmp_path, tmp_path_factory
         write_report([run], tmp_path / "report")
 
 
-def test_the_ngram_row_is_counted_once_then_read_from_the_cache(tmp_path, tmp_path_factory, capsys):
+def test_the_ngram_row_is_counted_once_then_read_from_the_cache(
+    tmp_path, tmp_path_factory, capsys, monkeypatch
+):
     """Counting the n-gram model reads the whole corpus (minutes for books): a later call on
     the same training text, with more pairs, reads its scores from the cache folder, the same
     answers; a damaged cache is counted again, and other training text has another key."""
@@ -498,6 +501,8 @@ def test_the_ngram_row_is_counted_once_then_read_from_the_cache(tmp_path, tmp_pa
     reseeded = {**source.record.config, "seed": source.record.config["seed"] + 1}
     assert run_training_text(reseeded, tokenizer).key != text.key
     assert run_training_text(dict(source.record.config), tokenizer).key == text.key
+    monkeypatch.setattr(documents, "TRAINING_DOCUMENTS_FORMAT", 2)  # the hold-out changed
+    assert run_training_text(dict(source.record.config), tokenizer).key != text.key
 
 
 def test_evaluate_lm_suite_blimp_on_a_fine_tuned_run_names_its_pretraining_run(
