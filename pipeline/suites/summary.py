@@ -172,8 +172,9 @@ def summarize_suites(folders: Iterable[str | Path]) -> list[SuiteSummary]:
     """The tables of several suite folders. Folders of one checkpoint fine-tuned with the same
     settings whose runs differ (one `make glue` per task, or per seed, run side by side) join
     into one table: a task's row holds its seeds from every folder, and one average follows.
-    A folder that ran a task and seed the table already has gets a table of its own, as does
-    any other folder.
+    A folder that finished a task and seed the table already has gets a table of its own, as
+    does any other folder; what a folder planned and did not run does not keep it apart (a
+    suite cut short joins the folders that ran its missing tasks side by side).
 
     Raises:
         FileNotFoundError: a folder holds no suite record.
@@ -184,7 +185,7 @@ def summarize_suites(folders: Iterable[str | Path]) -> list[SuiteSummary]:
     for folder in map(Path, folders):
         record = SuiteRecord.in_folder(folder)
         key = record.join_key()
-        runs = {(task, seed) for task in record.tasks for seed in record.seeds}
+        runs = _finished_runs(folder, record)
         table = next((t for t in tables if t.key == key and not t.runs & runs), None)
         if table is None:
             table = _Table(key, record.ckpt)
@@ -194,6 +195,16 @@ def summarize_suites(folders: Iterable[str | Path]) -> list[SuiteSummary]:
         for task in record.tasks:
             table.add(task, _task_scores(folder, task, record.seeds))
     return [t.summary() for t in tables]
+
+
+def _finished_runs(folder: Path, record: SuiteRecord) -> set[tuple[str, int]]:
+    """The (task, seed) pairs of which `folder` holds a finished fine-tune, of either init."""
+    return {
+        (task, seed)
+        for task in record.tasks
+        for seed in record.seeds
+        if any((folder / Job(task, init, seed).folder / RESULTS).is_file() for init in INITS)
+    }
 
 
 @dataclass

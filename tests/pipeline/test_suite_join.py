@@ -92,6 +92,22 @@ def test_suites_of_other_seeds_join_into_one_row_per_task(tmp_path):
     assert joined.folders == [str(a), str(b), str(c)]
 
 
+def test_a_suite_cut_short_joins_the_folders_that_ran_its_missing_tasks(tmp_path):
+    """The whole suite was planned in one folder, stopped after sst2, and rte ran in another
+    folder side by side: one table, since no task and seed finished twice."""
+    cut_short = write_suite(tmp_path / "a", {"sst2": {"pretrained": [0.8], "scratch": [0.6]}})
+    record = json.loads((cut_short / SUITE_RECORD).read_text())
+    record["tasks"]["rte"] = {}  # planned, never finished
+    (cut_short / SUITE_RECORD).write_text(json.dumps(record))
+    (cut_short / "rte" / "pretrained-seed1").mkdir(parents=True)  # cut short mid-run
+    rte = write_suite(tmp_path / "b", {"rte": {"pretrained": [0.6], "scratch": [0.5]}})
+    (joined,) = summarize_suites([cut_short, rte])
+    assert [row.task for row in joined.rows] == ["sst2", "rte", "average"]
+    assert joined.rows[-1].difference.n == 1
+    again = write_suite(tmp_path / "c", {"rte": {"pretrained": [0.7], "scratch": [0.5]}})
+    assert len(summarize_suites([cut_short, rte, again])) == 2  # rte's seed 1 ran twice
+
+
 def test_suites_that_differ_in_what_they_ran_stay_apart(tmp_path):
     """Another checkpoint, fine-tuning settings or per-task settings (a quick suite's sample
     against all the data), or the same task and seed again: a table each."""
