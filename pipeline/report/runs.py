@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT, which held_out_figure asks)
 from pipeline.finetune.results import FinetuneResults
 from pipeline.run.errors import ResultsError, SuiteRecordError
 from pipeline.run.families import family_of_target
@@ -100,10 +101,12 @@ class PretrainRun:
         return node
 
     def held_out_figure(self) -> str:
-        """The held-out language-model loss that the run's best checkpoints follow
-        (`val/mlm_loss` for BERT, `val/loss` for GPT), from its family's LightningModule;
-        `val/loss` where the config names no registered family."""
-        family = family_of_target(str(self.lookup("model._target_")))
+        """The held-out language-model loss that best checkpoints follow (`val/mlm_loss` for
+        BERT, `val/loss` for GPT), from the run's family's LightningModule; `val/loss` where
+        the config names no registered family. (BERT runs begun before the masked-LM loss
+        ranked them kept their best files by `val/loss`: docs/checkpoints.md.)"""
+        target = self.lookup("model._target_")
+        family = family_of_target(target) if isinstance(target, str) else None
         return family.module_class.held_out_figure() if family else "val/loss"
 
     def series(self, column: str) -> tuple[np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,10 @@ class SuiteRecord:
             if getattr(self, f.name) != getattr(started, f.name)
         ]
 
-    def join_key(self) -> str:
+    def join_key(self, finished: Collection[str]) -> str:
         """What suite folders must share to join into one table: the checkpoint (as a path),
-        the fine-tuning settings, and the per-task settings their tasks ran with."""
-        per_task = sorted({json.dumps(v, sort_keys=True) for v in self.tasks.values()})
+        the fine-tuning settings, and the per-task settings their `finished` tasks ran with."""
+        per_task = sorted({json.dumps(self.tasks[t], sort_keys=True) for t in finished})
         ckpt = os.path.normpath(self.ckpt)
         return json.dumps([ckpt, self.finetune, per_task], sort_keys=True)
 

@@ -173,8 +173,9 @@ def summarize_suites(folders: Iterable[str | Path]) -> list[SuiteSummary]:
     settings whose runs differ (one `make glue` per task, or per seed, run side by side) join
     into one table: a task's row holds its seeds from every folder, and one average follows.
     A folder that finished a task and seed the table already has gets a table of its own, as
-    does any other folder; what a folder planned and did not run does not keep it apart (a
-    suite cut short joins the folders that ran its missing tasks side by side).
+    does any other folder, and one that finished nothing; what a folder planned and did not
+    finish does not keep it apart (a suite cut short joins the folders that ran its missing
+    tasks side by side).
 
     Raises:
         FileNotFoundError: a folder holds no suite record.
@@ -184,27 +185,18 @@ def summarize_suites(folders: Iterable[str | Path]) -> list[SuiteSummary]:
     tables: list[_Table] = []
     for folder in map(Path, folders):
         record = SuiteRecord.in_folder(folder)
-        key = record.join_key()
-        runs = _finished_runs(folder, record)
-        table = next((t for t in tables if t.key == key and not t.runs & runs), None)
+        found = {task: _task_scores(folder, task, record.seeds) for task in record.tasks}
+        runs = {(task, seed) for task, scores in found.items() for seed in scores.seeds()}
+        key = record.join_key({task for task, _ in runs})
+        table = next((t for t in tables if runs and t.key == key and not t.runs & runs), None)
         if table is None:
             table = _Table(key, record.ckpt)
             tables.append(table)
         table.runs |= runs
         table.folders.append(str(folder))
-        for task in record.tasks:
-            table.add(task, _task_scores(folder, task, record.seeds))
+        for task, scores in found.items():
+            table.add(task, scores)
     return [t.summary() for t in tables]
-
-
-def _finished_runs(folder: Path, record: SuiteRecord) -> set[tuple[str, int]]:
-    """The (task, seed) pairs of which `folder` holds a finished fine-tune, of either init."""
-    return {
-        (task, seed)
-        for task in record.tasks
-        for seed in record.seeds
-        if any((folder / Job(task, init, seed).folder / RESULTS).is_file() for init in INITS)
-    }
 
 
 @dataclass
@@ -215,6 +207,10 @@ class _TaskScores:
     metrics: list[str]
     baseline: tuple[str, float] | None
     scores: dict[str, dict[int, float]]
+
+    def seeds(self) -> set[int]:
+        """The seeds with a finished fine-tune, of either init."""
+        return {seed for by_seed in self.scores.values() for seed in by_seed}
 
 
 @dataclass

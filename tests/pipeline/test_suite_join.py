@@ -93,19 +93,35 @@ def test_suites_of_other_seeds_join_into_one_row_per_task(tmp_path):
 
 
 def test_a_suite_cut_short_joins_the_folders_that_ran_its_missing_tasks(tmp_path):
-    """The whole suite was planned in one folder, stopped after sst2, and rte ran in another
-    folder side by side: one table, since no task and seed finished twice."""
+    """The whole suite was planned in one folder and stopped during rte, which ran in another
+    folder side by side: one table, since no task and seed finished twice. Only what finished
+    counts: the cut-short folder's rte baselines (fitted before its first job) are not read."""
     cut_short = write_suite(tmp_path / "a", {"sst2": {"pretrained": [0.8], "scratch": [0.6]}})
     record = json.loads((cut_short / SUITE_RECORD).read_text())
-    record["tasks"]["rte"] = {}  # planned, never finished
+    record["tasks"]["rte"] = {"datamodule.train_examples": 99}  # planned, never finished
     (cut_short / SUITE_RECORD).write_text(json.dumps(record))
     (cut_short / "rte" / "pretrained-seed1").mkdir(parents=True)  # cut short mid-run
+    (cut_short / "rte" / BASELINES).write_text(json.dumps({"majority": {"accuracy": 0.9}}))
     rte = write_suite(tmp_path / "b", {"rte": {"pretrained": [0.6], "scratch": [0.5]}})
     (joined,) = summarize_suites([cut_short, rte])
     assert [row.task for row in joined.rows] == ["sst2", "rte", "average"]
+    assert joined.rows[1].baseline_score == pytest.approx(50.0)  # b's, not a's 90
     assert joined.rows[-1].difference.n == 1
-    again = write_suite(tmp_path / "c", {"rte": {"pretrained": [0.7], "scratch": [0.5]}})
-    assert len(summarize_suites([cut_short, rte, again])) == 2  # rte's seed 1 ran twice
+    # rte's seed 1 finished again, by one init only (beside a task it could join by): a table
+    # of its own
+    again = write_suite(
+        tmp_path / "c",
+        {"rte": {"pretrained": [0.7]}, "cola": {"pretrained": [0.1], "scratch": [0]}},
+    )
+    assert [t.folders for t in summarize_suites([cut_short, rte, again])] == [
+        [str(cut_short), str(rte)],
+        [str(again)],
+    ]
+    # a folder that finished nothing joins nothing
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / SUITE_RECORD).write_text((rte / SUITE_RECORD).read_text())
+    tables = summarize_suites([cut_short, rte, tmp_path / "d"])
+    assert [t.folders for t in tables][-1] == [str(tmp_path / "d")] and not tables[-1].rows
 
 
 def test_suites_that_differ_in_what_they_ran_stay_apart(tmp_path):
