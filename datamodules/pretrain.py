@@ -66,14 +66,6 @@ from tokenizer import SpecialIds
 
 log = logging.getLogger(__name__)
 
-# The version of which documents `PretrainDataModule.training_documents` yields for a corpus and
-# its settings: bump it with any change to how validation documents are held out (a store's
-# split, `datamodules.objectives.sharding.split_documents`; a stream's first-file hold-out,
-# `datamodules.streaming.read.held_out_count` and the streams' `training_documents`), so that
-# what is cached from a run's training text (the n-gram scores, pipeline/pretrain/documents.py)
-# is counted again.
-TRAINING_DOCUMENTS_FORMAT = 1
-
 
 class PretrainDataModule(L.LightningDataModule):
     """Token stores, NSP/MLM or packed batches, validation split, sharding and resume.

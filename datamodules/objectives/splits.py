@@ -18,6 +18,14 @@ from datamodules.objectives.batches import TRAIN
 from datamodules.objectives.sharding import TooFewDocuments, split_documents
 from datamodules.stores.store import TokenStore
 
+# The version of which documents `PretrainDataModule.training_documents` yields for a corpus and
+# its settings: bump it with any change to how validation documents are held out (a store's
+# split, `datamodules.objectives.sharding.split_documents`; a stream's first-file hold-out,
+# `datamodules.streaming.read.held_out_count` and the streams' `training_documents`), so that
+# what is cached from a run's training text (the n-gram scores, pipeline/pretrain/documents.py)
+# is counted again.
+TRAINING_DOCUMENTS_FORMAT = 1
+
 
 @dataclass(frozen=True)
 class Shortage:

@@ -16,7 +16,8 @@ import numpy as np
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer
 
-from datamodules.pretrain import TRAINING_DOCUMENTS_FORMAT, PretrainDataModule
+from datamodules.objectives.splits import TRAINING_DOCUMENTS_FORMAT
+from datamodules.pretrain import PretrainDataModule
 from datamodules.stores.store import STORE_FORMAT, tokenizer_hash
 from pipeline.pretrain.checks import check_config
 from pipeline.pretrain.run import build_datamodule

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import yaml
 
-import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT, which held_out_figure asks)
 from pipeline.finetune.results import FinetuneResults
 from pipeline.run.errors import ResultsError, SuiteRecordError
 from pipeline.run.families import family_of_target
