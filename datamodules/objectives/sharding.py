@@ -37,7 +37,8 @@ def split_documents(
     Documents are taken in a seeded random order: `round(val_fraction * D)` of them, at least
     `min_val`, and more while the held-out text is shorter than `min_val_tokens` (so a tiny
     corpus still yields a usable validation split). A change to which documents it holds out
-    bumps `datamodules.objectives.splits.TRAINING_DOCUMENTS_FORMAT` (caches of training text follow it).
+    bumps `datamodules.objectives.splits.TRAINING_DOCUMENTS_FORMAT` (caches of training text
+    follow it).
 
     Args:
         doc_lengths: (D,) tokens per document of the store.

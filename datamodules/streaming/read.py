@@ -159,8 +159,8 @@ def stream_units(pieces: int, readers: int) -> list[tuple[int, int, int]]:
 def held_out_count(documents: int, val_fraction: float, least: int) -> int:
     """Validation documents held out of a first file of `documents` documents: the share
     `val_fraction` (rounded up), at least `least` (none when val_fraction is 0). A change to
-    it bumps `datamodules.objectives.splits.TRAINING_DOCUMENTS_FORMAT` (caches of training text follow
-    it)."""
+    it bumps `datamodules.objectives.splits.TRAINING_DOCUMENTS_FORMAT` (caches of training
+    text follow it)."""
     if val_fraction <= 0:
         return 0
     return max(least, math.ceil(val_fraction * documents))
