@@ -40,7 +40,7 @@ TCMALLOC_PRELOAD = $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC) TCMALLOC_LARGE_ALLOC_
 RUN     = LMPIPE_FROM_MAKE=1 $(PRELOAD) exec $(PY) -m
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock docs docs-serve pretrain generate evaluate-lm fill-mask finetune glue evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-recipes bench-gpu bench-memory bench-blimp lint format clean lm-eval lm-eval-setup
+.PHONY: help setup lock docs docs-serve pretrain generate evaluate-lm fill-mask finetune glue evaluate predict prepare tokenizer report test test-all bench bench-models bench-data bench-loss bench-recipes bench-gpu bench-memory bench-blimp bench-finetune lint format clean lm-eval lm-eval-setup
 
 help:  ## List the targets
 	@echo "usage: make <target> [hydra overrides...]   e.g. make pretrain model=gpt trainer.max_steps=50"
@@ -137,6 +137,9 @@ bench-memory: $(STAMP)  ## Peak RSS of data preparation and training, ours vs tr
 
 bench-blimp: $(STAMP)  ## BERT BLiMP scoring (PLL): our scorer vs the one it replaced, same answers (QUICK=1: short)
 	$(PRELOAD) $(PY) bench/bench_blimp.py $(if $(QUICK),--quick) --out outputs/bench/blimp.json $(ARGS)
+
+bench-finetune: $(STAMP)  ## Fine-tuning steps of a pair task read apart: each side at its own width vs the batch's (QUICK=1: short)
+	$(PRELOAD) $(PY) bench/bench_finetune.py $(if $(QUICK),--quick) --out outputs/bench/finetune.json $(ARGS)
 
 lint: $(STAMP)  ## Check style and common bugs with ruff
 	$(PY) -m ruff check .

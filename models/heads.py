@@ -27,10 +27,18 @@ and fine-tuning teaches the states which tokens should match. The four numbers a
 standardized and scored by a linear layer that the fine-tuning command first fits on the frozen
 model's scores of the training examples (linear probing, then fine-tuning: Kumar et al. 2022),
 so that training starts from a head that already reads them.
+
+A batch of pairs read apart is 2B rows padded to its longest text, yet the first texts of a
+task are often much longer than the second (RTE's premises and hypotheses): the backbone
+reads the first texts and the second texts as two batches, each cut after its own longest
+text (`encode_pair_sides`). Padding is masked either way, so the scores are the same, and a
+step costs less (`make bench-finetune` measures by how much).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -48,6 +56,7 @@ __all__ = [
     "alignment_scores",
     "backbone_of",
     "default_pair_score",
+    "encode_pair_sides",
     "last_token_index",
     "mean_token_states",
     "pair_alignment",
@@ -248,9 +257,12 @@ class SequenceClassifier(nn.Module):
             )
             standardized_B4 = (scores_B4 - self.score_mean.float()) / self.score_std.float()
             return self.classify(standardized_B4.to(self.classifier.weight.dtype))
-        features_ND = self.features(
-            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        )
+        if self.siamese:  # the two sides of the pairs apart, each at its own width
+            features_ND = encode_pair_sides(
+                self._row_features, input_ids, attention_mask, token_type_ids
+            )
+        else:
+            features_ND = self._row_features(input_ids, attention_mask, token_type_ids)
         if self.cosine:
             return self.to_target(self.standardize(pair_cosine(self.dropout(features_ND))))
         if self.siamese:
@@ -271,6 +283,11 @@ class SequenceClassifier(nn.Module):
                 attention_mask = torch.ones_like(input_ids)
             return mean_token_states(self.backbone, input_ids, attention_mask, token_type_ids)
         return self.backbone.sequence_features(input_ids, attention_mask, token_type_ids)
+
+    def _row_features(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
+        return self.features(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        )
 
     def classify(self, features_BD: torch.Tensor) -> torch.Tensor:
         """(B, D) features (B, 4D when siamese; B, 4 standardized alignment scores) -> (B, C)
@@ -362,7 +379,9 @@ def alignment_scores(
         attention_mask = torch.ones_like(input_ids)
     content_NT = attention_mask.bool() & ~torch.isin(input_ids, special_ids.to(input_ids.device))
     words_NTD = word_embeddings(backbone)(input_ids)
-    states_NTD = token_states(backbone, input_ids, attention_mask, token_type_ids)
+    states_NTD = encode_pair_sides(
+        partial(token_states, backbone), input_ids, attention_mask, token_type_ids
+    )
     return torch.cat(
         [pair_alignment(words_NTD, content_NT), pair_alignment(states_NTD, content_NT)], -1
     )
@@ -390,6 +409,33 @@ def pair_alignment(h_NTD: torch.Tensor, content_NT: torch.Tensor) -> torch.Tenso
 def _masked_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
     weight_BT = mask_BT.to(values_BT.dtype)
     return (values_BT * weight_BT).sum(1) / weight_BT.sum(1).clamp_min(1.0)
+
+
+def encode_pair_sides(
+    encode: Callable[..., torch.Tensor],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`encode(ids, mask, types)` of (2B, T) rows of B text pairs, run on the first texts
+    (rows 2i) and on the second texts (rows 2i + 1) apart, each side cut after the last column
+    where it has a real token: (2B, ...) outputs in the rows' order, per-token outputs
+    (2B, T, D) padded back to T with zeros. Padding is masked, so each row's output is what
+    one batch of all 2B rows gives (to float rounding); a side of short texts costs its own
+    length, not the longest text of the batch. Without a mask, `encode` of all the rows."""
+    if attention_mask is None:
+        return encode(input_ids, attention_mask, token_type_ids)
+    sides = []
+    for side in (0, 1):
+        ids, mask = split_pairs(input_ids)[side], split_pairs(attention_mask)[side]
+        types = None if token_type_ids is None else split_pairs(token_type_ids)[side]
+        real_columns = mask.any(0).nonzero()
+        width = int(real_columns.max()) + 1 if real_columns.numel() else 1
+        out = encode(ids[:, :width], mask[:, :width], None if types is None else types[:, :width])
+        if out.dim() == 3:  # per token: back to the batch's T columns
+            out = F.pad(out, (0, 0, 0, input_ids.shape[1] - width))
+        sides.append(out)
+    return torch.stack(sides, 1).flatten(0, 1)
 
 
 def split_pairs(features_ND: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

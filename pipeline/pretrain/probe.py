@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import lightning as L
 import torch
@@ -41,6 +42,7 @@ from models.heads import (
     alignment_scores,
     backbone_of,
     default_pair_score,
+    encode_pair_sides,
     mean_token_states,
     pair_cosine,
     pair_features,
@@ -73,9 +75,10 @@ class _ProbeData:
         score = default_pair_score(self.task.is_regression) if self.task.is_pair else None
         if score == "alignment":
             return alignment_scores(backbone, ids, mask, types, self.special_ids).float()
-        states_ND = mean_token_states(backbone, ids, mask, types).float()
+        encode = partial(mean_token_states, backbone)
         if score is None:
-            return states_ND
+            return encode(ids, mask, types).float()
+        states_ND = encode_pair_sides(encode, ids, mask, types).float()
         return (pair_cosine if score == "cosine" else pair_features)(states_ND)
 
 

@@ -266,3 +266,60 @@ def test_alignment_scores_are_computed_in_fp32_under_bf16_autocast():
             mixed = pair_alignment(vectors, content)
     assert mixed.dtype == torch.float32
     torch.testing.assert_close(mixed, exact, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+@pytest.mark.parametrize("score", ["features-cls", "features-mean", "cosine", "alignment"])
+def test_a_pair_batch_reads_each_side_at_its_own_width_with_the_same_scores(family, score):
+    """Long first texts and short second texts: the backbone reads the first texts at their
+    longest length and the second texts at theirs, not all 2B rows at the batch's width, and
+    scores and gradients are those of one batch of all the rows (as before the split)."""
+    torch.manual_seed(0)
+    if family == "bert":  # no dropout: training's graph, the same numbers in both runs
+        model = BertForPreTraining(
+            BertConfig.from_preset("tiny", vocab_size=V, dropout=0.0, attn_dropout=0.0)
+        )
+    else:
+        model = GPT(GPTConfig.from_preset("tiny", vocab_size=V))
+    pooling, pair_score = {
+        "features-cls": (None, "features"),
+        "features-mean": ("mean", "features"),
+        "cosine": ("mean", "cosine"),
+        "alignment": ("mean", "alignment"),
+    }[score]
+    head = SequenceClassifier(
+        model,
+        1 if pair_score == "cosine" else 3,
+        pooling=pooling,
+        siamese=True,
+        pair_score=pair_score,
+        dropout=0.0,
+        special_ids=(1, 2),
+    )
+    ids, mask, _ = pairs_batch((12, 3, 9, 4, 11, 2))  # premises 12, 9, 11; hypotheses 3, 4, 2
+    shapes: list[tuple[int, ...]] = []
+    hook = head.backbone.register_forward_pre_hook(
+        lambda _module, args: shapes.append(tuple(args[0].shape))
+    )
+    got = head(ids, attention_mask=mask)
+    hook.remove()
+    assert shapes == [(3, 12), (3, 4)]
+    grads = [p.grad for p in head.parameters()]
+    assert all(g is None for g in grads)
+    got.sum().backward()
+    split_grads = {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
+    head.zero_grad(set_to_none=True)
+
+    def whole_batch(encode, input_ids, attention_mask, token_type_ids=None):
+        return encode(input_ids, attention_mask, token_type_ids)  # the batch's width for all
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("models.heads.encode_pair_sides", whole_batch)
+        if pair_score == "cosine":
+            head.classifier.reset_running_stats()
+        expected = head(ids, attention_mask=mask)
+    expected.sum().backward()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    for name, param in head.named_parameters():
+        if name in split_grads:
+            torch.testing.assert_close(split_grads[name], param.grad, atol=1e-5, rtol=1e-4)

@@ -1,0 +1,41 @@
+"""Smoke test of bench/bench_finetune.py on RTE with BERT tiny: the report's schema, the tokens
+each way reads and the comparison of scores, not the speed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench import bench_finetune
+
+
+def test_quick_run_times_both_ways_on_the_same_batches_and_compares_scores(shared_data, tmp_path):
+    out = tmp_path / "finetune.json"
+    args = ["--quick", "--size", "tiny", "--vocab-size", "500", "--threads", "1"]
+    report = bench_finetune.main([*args, "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    [row] = report["results"]
+    assert row["task"] == "rte" and row["steps"] == 3
+    for way in ("sides", "whole"):
+        assert len(row["seconds_per_step"][way]) == 1 and row["median_s"][way] > 0
+    # RTE's premises are longer than its hypotheses: split, the backbone reads fewer tokens
+    assert row["tokens_per_step"]["sides"] < row["tokens_per_step"]["whole"]
+    assert row["speedup"] == pytest.approx(row["median_s"]["whole"] / row["median_s"]["sides"])
+    assert row["dev_pairs_compared"] == 64 and row["max_score_difference"] < 1e-4
+    [speed] = report["figures"]
+    assert speed["ratio"] == pytest.approx(row["speedup"])
+
+
+def test_tokens_read_counts_each_side_at_its_own_width():
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    batch = {"attention_mask": mask}
+    assert bench_finetune.tokens_read(batch) == {"sides": 2 * (5 + 2), "whole": 4 * 5}
+
+
+def test_the_reference_way_is_undone_after_its_block():
+    ours = bench_finetune.models.heads.encode_pair_sides
+    with bench_finetune.reading("whole"):
+        assert bench_finetune.models.heads.encode_pair_sides is bench_finetune.whole_batch
+    assert bench_finetune.models.heads.encode_pair_sides is ours
