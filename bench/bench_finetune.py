@@ -16,7 +16,7 @@ pair at mini widths (mean pooling, alignment scores). Each timed step is a forwa
 loss, the backward pass and an AdamW step; the two ways alternate step by step, each on its
 own copy of the model, so that other load on the machine hits both alike.
 
-Reported: the tokens the backbone reads per step (padding included), the median seconds per
+Reported: the tokens the backbone reads per step (padding included, counted as it reads them), the median seconds per
 step of each way and their ratio (wall, and this process's CPU seconds: the steadier ratio on
 a machine shared with other jobs, with `--threads 1`), and the largest difference of a dev score between the two on
 the same weights (evaluation mode; float rounding only).
@@ -86,18 +86,31 @@ def reading(way: str):
         models.heads.encode_pair_sides = ours
 
 
-def tokens_read(batch: dict[str, torch.Tensor]) -> dict[str, int]:
-    """Token positions the backbone reads, padding included, each way."""
-    mask = batch["attention_mask"].bool()
-    rows, width = mask.shape
-    widths = [int(mask[side::2].any(0).nonzero().max()) + 1 for side in (0, 1)]
-    return {"sides": rows // 2 * sum(widths), "whole": rows * width}
+@contextmanager
+def counting_tokens(head: SequenceClassifier, counted: list[int]):
+    """Appends to `counted` the token positions (padding included) of each batch the head's
+    backbone reads inside the block."""
+    hook = head.backbone.register_forward_pre_hook(
+        lambda _module, args: counted.append(args[0].numel())
+    )
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
+def scores_of(head: SequenceClassifier, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return head(
+        batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        token_type_ids=batch["token_type_ids"],
+    )
 
 
 def train_step(head: SequenceClassifier, optimizer, batch: dict[str, torch.Tensor]) -> tuple:
     """(wall seconds, CPU seconds of this process) of one optimizer step on `batch`."""
     wall, cpu = time.perf_counter(), time.process_time()
-    scores = head(batch["input_ids"], attention_mask=batch["attention_mask"])
+    scores = scores_of(head, batch)
     sequence_loss(scores, batch["labels"]).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -141,14 +154,16 @@ def main(argv: list[str] | None = None) -> dict:
     optimizers = {way: torch.optim.AdamW(h.parameters(), lr=1e-4) for way, h in heads.items()}
     for way in WAYS:  # warm-up: allocator, kernels, the optimizer's state
         with reading(way):
-            train_step(heads[way], optimizers[way], batches[0])
+            for batch in batches[:2]:
+                train_step(heads[way], optimizers[way], batch)
     seconds: dict[str, list[float]] = {way: [] for way in WAYS}
     cpu_seconds: dict[str, list[float]] = {way: [] for way in WAYS}
+    counted: dict[str, list[int]] = {way: [] for way in WAYS}  # tokens read, first repeat
     for repeat in range(args.repeats):
         wall, cpu = {way: 0.0 for way in WAYS}, {way: 0.0 for way in WAYS}
         for step, batch in enumerate(batches):
             for way in WAYS if step % 2 == 0 else WAYS[::-1]:
-                with reading(way):
+                with reading(way), counting_tokens(heads[way], counted[way] if not repeat else []):
                     step_wall, step_cpu = train_step(heads[way], optimizers[way], batch)
                 wall[way] += step_wall
                 cpu[way] += step_cpu
@@ -166,8 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
         scores = {}
         for way in WAYS:
             with reading(way):
-                scores[way] = head(dev["input_ids"], attention_mask=dev["attention_mask"])
-    tokens = {way: sum(tokens_read(b)[way] for b in batches) / len(batches) for way in WAYS}
+                scores[way] = scores_of(head, dev)
+    tokens = {way: sum(counted[way]) / len(batches) for way in WAYS}
     median = {way: statistics.median(seconds[way]) for way in WAYS}
     median_cpu = {way: statistics.median(cpu_seconds[way]) for way in WAYS}
     row = {

@@ -28,11 +28,11 @@ standardized and scored by a linear layer that the fine-tuning command first fit
 model's scores of the training examples (linear probing, then fine-tuning: Kumar et al. 2022),
 so that training starts from a head that already reads them.
 
-A batch of pairs read apart is 2B rows padded to its longest text, yet the first texts of a
-task are often much longer than the second (RTE's premises and hypotheses): the backbone
-reads the first texts and the second texts as two batches, each cut after its own longest
-text (`encode_pair_sides`). Padding is masked either way, so the scores are the same, and a
-step costs less (`make bench-finetune` measures by how much).
+A batch of pairs read apart is 2B rows right-padded to its longest text, yet the first texts
+of a task are often much longer than the second (RTE's premises and hypotheses): the backbone
+reads the first texts and the second texts as two batches, each cut after its own longest text
+(`encode_pair_sides`). Padding is masked either way, so the scores are the same, and a step
+costs less (`make bench-finetune` measures by how much).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ __all__ = [
     "pair_alignment",
     "pair_cosine",
     "pair_features",
+    "pair_side_widths",
     "sequence_loss",
     "split_pairs",
 ]
@@ -259,10 +260,10 @@ class SequenceClassifier(nn.Module):
             return self.classify(standardized_B4.to(self.classifier.weight.dtype))
         if self.siamese:  # the two sides of the pairs apart, each at its own width
             features_ND = encode_pair_sides(
-                self._row_features, input_ids, attention_mask, token_type_ids
+                self.features, input_ids, attention_mask, token_type_ids
             )
         else:
-            features_ND = self._row_features(input_ids, attention_mask, token_type_ids)
+            features_ND = self.features(input_ids, attention_mask, token_type_ids)
         if self.cosine:
             return self.to_target(self.standardize(pair_cosine(self.dropout(features_ND))))
         if self.siamese:
@@ -272,7 +273,6 @@ class SequenceClassifier(nn.Module):
     def features(
         self,
         input_ids: torch.Tensor,
-        *,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
@@ -283,11 +283,6 @@ class SequenceClassifier(nn.Module):
                 attention_mask = torch.ones_like(input_ids)
             return mean_token_states(self.backbone, input_ids, attention_mask, token_type_ids)
         return self.backbone.sequence_features(input_ids, attention_mask, token_type_ids)
-
-    def _row_features(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
-        return self.features(
-            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        )
 
     def classify(self, features_BD: torch.Tensor) -> torch.Tensor:
         """(B, D) features (B, 4D when siamese; B, 4 standardized alignment scores) -> (B, C)
@@ -418,24 +413,35 @@ def encode_pair_sides(
     token_type_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`encode(ids, mask, types)` of (2B, T) rows of B text pairs, run on the first texts
-    (rows 2i) and on the second texts (rows 2i + 1) apart, each side cut after the last column
-    where it has a real token: (2B, ...) outputs in the rows' order, per-token outputs
-    (2B, T, D) padded back to T with zeros. Padding is masked, so each row's output is what
-    one batch of all 2B rows gives (to float rounding); a side of short texts costs its own
-    length, not the longest text of the batch. Without a mask, `encode` of all the rows."""
+    (rows 2i) and on the second texts (rows 2i + 1) apart, each side cut to its own width
+    (`pair_side_widths`): (2B, ...) outputs in the rows' order, per-token outputs (2B, T, D)
+    padded back to T with zeros. Padding is masked, so each row's output is what one batch of
+    all 2B rows gives (to float rounding); with right padding, a side of short texts costs its
+    own length, not the longest text of the batch. Without a mask, `encode` of all the rows."""
     if attention_mask is None:
         return encode(input_ids, attention_mask, token_type_ids)
+    rows = [
+        None if t is None else split_pairs(t) for t in (input_ids, attention_mask, token_type_ids)
+    ]
     sides = []
-    for side in (0, 1):
-        ids, mask = split_pairs(input_ids)[side], split_pairs(attention_mask)[side]
-        types = None if token_type_ids is None else split_pairs(token_type_ids)[side]
-        real_columns = mask.any(0).nonzero()
-        width = int(real_columns.max()) + 1 if real_columns.numel() else 1
-        out = encode(ids[:, :width], mask[:, :width], None if types is None else types[:, :width])
+    for side, width in enumerate(pair_side_widths(attention_mask)):
+        ids, mask, types = (None if t is None else t[side][:, :width] for t in rows)
+        out = encode(ids, mask, types)
         if out.dim() == 3:  # per token: back to the batch's T columns
             out = F.pad(out, (0, 0, 0, input_ids.shape[1] - width))
         sides.append(out)
     return torch.stack(sides, 1).flatten(0, 1)
+
+
+def pair_side_widths(attention_mask: torch.Tensor) -> tuple[int, int]:
+    """The columns each side of (2B, T) rows of B text pairs needs: up to the last column where
+    any first text (rows 2i), or any second text (rows 2i + 1), has a real token; at least 1.
+    One host-device sync."""
+    first, second = split_pairs(attention_mask)
+    real_2T = torch.stack([first.bool().any(0), second.bool().any(0)])
+    columns_T = torch.arange(1, attention_mask.shape[1] + 1, device=attention_mask.device)
+    first_width, second_width = (real_2T * columns_T).amax(1).clamp_min(1).tolist()
+    return first_width, second_width
 
 
 def split_pairs(features_ND: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,13 @@ import torch.nn.functional as F
 
 from models.bert import BertConfig, BertForPreTraining
 from models.gpt import GPT, GPTConfig
-from models.heads import SequenceClassifier, last_token_index, pair_alignment, sequence_loss
+from models.heads import (
+    SequenceClassifier,
+    last_token_index,
+    pair_alignment,
+    pair_side_widths,
+    sequence_loss,
+)
 
 V = 500
 
@@ -304,17 +310,12 @@ def test_a_pair_batch_reads_each_side_at_its_own_width_with_the_same_scores(fami
     got = head(ids, attention_mask=mask)
     hook.remove()
     assert shapes == [(3, 12), (3, 4)]
-    grads = [p.grad for p in head.parameters()]
-    assert all(g is None for g in grads)
     got.sum().backward()
     split_grads = {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
     head.zero_grad(set_to_none=True)
 
-    def whole_batch(encode, input_ids, attention_mask, token_type_ids=None):
-        return encode(input_ids, attention_mask, token_type_ids)  # the batch's width for all
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("models.heads.encode_pair_sides", whole_batch)
+    with pytest.MonkeyPatch.context() as patch:  # before: all rows at the batch's width
+        patch.setattr("models.heads.encode_pair_sides", lambda encode, *rows: encode(*rows))
         if pair_score == "cosine":
             head.classifier.reset_running_stats()
         expected = head(ids, attention_mask=mask)
@@ -323,3 +324,14 @@ def test_a_pair_batch_reads_each_side_at_its_own_width_with_the_same_scores(fami
     for name, param in head.named_parameters():
         if name in split_grads:
             torch.testing.assert_close(split_grads[name], param.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_pair_side_widths_reach_each_sides_last_real_token():
+    right = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    assert pair_side_widths(right) == (4, 2)
+    empty_side = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    assert pair_side_widths(empty_side) == (2, 1)  # a side with no token still gets a column
+    left = torch.tensor([[0, 0, 1], [0, 1, 1]])
+    assert pair_side_widths(left) == (3, 3)  # left padding: every row ends at the last column
+    with pytest.raises(ValueError, match="pairs of rows"):
+        pair_side_widths(right[:3])
