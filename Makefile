@@ -45,7 +45,7 @@ RUN     = LMPIPE_FROM_MAKE=1 $(PRELOAD) exec $(PY) -m
 help:  ## List the targets
 	@echo "usage: make <target> [hydra overrides...]   e.g. make pretrain model=gpt trainer.max_steps=50"
 	@echo
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
 $(STAMP):
 	@echo "setting up $(VENV) from $(LOCK) (first run only; re-done when $(LOCK) or pyproject.toml changes)"
