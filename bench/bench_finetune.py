@@ -43,6 +43,7 @@ from bench.bench_blimp import random_berts
 from bench.common import (
     REPO,
     SHARED,
+    BenchError,
     command_line,
     figure,
     figures_table,
@@ -134,6 +135,11 @@ def main(argv: list[str] | None = None) -> dict:
     node = OmegaConf.load(REPO / "conf" / "task" / f"{args.task}.yaml")
     node.data_dir = str(require_data(SHARED / "glue" / Path(node.data_dir).name, "GLUE"))
     task = task_from(node)
+    if not task.is_pair:
+        raise BenchError(
+            f"--task {args.task} has one text column; this bench times pairs read apart: give a "
+            "pair task, e.g. --task rte (or mrpc, stsb, qnli)"
+        )
     [(name, pretrained)] = random_berts([args.size], args.vocab_size)
     data = build_datamodule(
         task, pretrained.tokenizer, dict(SETTINGS), 1, siamese=True, family="bert"

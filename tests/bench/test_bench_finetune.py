@@ -8,6 +8,7 @@ import json
 import pytest
 
 from bench import bench_finetune
+from bench.common import BenchError
 
 
 def test_quick_run_times_both_ways_on_the_same_batches_and_compares_scores(shared_data, tmp_path):
@@ -34,3 +35,8 @@ def test_the_reference_way_is_undone_after_its_block():
     with bench_finetune.reading("whole"):
         assert bench_finetune.models.heads.encode_pair_sides is bench_finetune.whole_batch
     assert bench_finetune.models.heads.encode_pair_sides is ours
+
+
+def test_a_task_of_one_text_is_refused_with_the_fix(shared_data, tmp_path):
+    with pytest.raises(BenchError, match="one text column.*--task rte"):
+        bench_finetune.main(["--quick", "--task", "sst2", "--out", str(tmp_path / "f.json")])
