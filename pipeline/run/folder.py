@@ -11,6 +11,8 @@ checks that need nothing but the command line before Hydra writes anything:
 - a process of a multi-node run other than the first writes no record and logs to a file of
   its own (`own_log_file`);
 - `run_name` is one folder name (no `/`, `..`), so a run stays under `outputs/<model>/`;
+- `paths.output_dir=DIR` names the run folder itself: Hydra's folder follows it
+  (`follow_output_dir`);
 - a fresh run into a folder that holds a run is refused (`refuse_overwrite`, which the commands
   also call themselves, for runs started without Hydra);
 - a resumed pretraining run (or `make glue` suite) keeps the first attempt's `.hydra/` record
@@ -93,6 +95,7 @@ class RunFolderGuard(Callback):
         self.command = command
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        follow_output_dir(config)
         if config.hydra.output_subdir is None:  # a command that keeps no run record
             return
         if not first_process():  # the other processes of a run leave its record to the first
@@ -124,6 +127,18 @@ class RunFolderGuard(Callback):
             stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = f"{RECORD_DIR}/resume-{stamp}"
+
+
+def follow_output_dir(config: DictConfig) -> None:
+    """`paths.output_dir=DIR` on the command line names the run folder itself (`paths.output_root`
+    names the folder that runs go under): Hydra's run folder, which takes the lock and the
+    record and log of the run, becomes DIR too. Otherwise the run would write its checkpoints
+    into DIR, which nothing made, and its record into `outputs/<model>/<run_name>`."""
+    for override in config.hydra.overrides.task:
+        key = override.lstrip("+").partition("=")[0]
+        if key == "paths.output_dir":
+            with read_write(config.hydra), open_dict(config.hydra):
+                config.hydra.run.dir = str(OmegaConf.select(config, "paths.output_dir"))
 
 
 def own_log_file(hydra: DictConfig) -> None:

@@ -153,3 +153,18 @@ def losses(run_dir: Path) -> list[tuple[str, str, str]]:
     with open(run_dir / "logs" / "metrics.csv") as handle:
         rows = list(csv.DictReader(handle))
     return [(r["step"], r.get("train/loss", ""), r.get("val/loss", "")) for r in rows]
+
+
+def test_output_dir_on_the_command_line_is_the_whole_run_folder(tmp_path):
+    """`paths.output_dir=DIR` (a folder that does not exist yet): the run's checkpoints, record,
+    log and lock are all in DIR, and nothing is made under `paths.output_root`; a second run into
+    DIR is refused as a second run into any run folder is."""
+    run_dir = tmp_path / "elsewhere/run"
+    run = ("model=gpt-tiny", "debug=smoke", "logger=csv", f"paths.output_dir={run_dir}")
+    done = run_pretrain(tmp_path, *run)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for made in (".hydra/config.yaml", "pretrain.log", LOCK_FILE, "checkpoints/last.ckpt"):
+        assert (run_dir / made).is_file(), made
+    assert not (tmp_path / "out").exists()
+    again = run_pretrain(tmp_path, *run)
+    assert again.returncode == 2 and "already has checkpoints" in again.stderr
