@@ -38,11 +38,13 @@ def main(cfg: DictConfig) -> float:
         overrides = command_overrides()
         try:
             summary = run_suite(cfg, load_task, overrides)
-        except (KeyboardInterrupt, SystemExit):  # Lightning ends fit on Ctrl-C with exit(1)
+        except (KeyboardInterrupt, SystemExit) as stopped:  # Lightning ends fit with exit(1)
             if first_process():
                 resume = [o for o in overrides if not o.startswith("run_name=")]
                 resume.append(f"run_name={cfg.run_name}")
                 print(f"\nsuite interrupted; to resume it: {make_command('glue', resume)}")
+            if isinstance(stopped, KeyboardInterrupt):  # jobs>1: Ctrl-C came while waiting
+                raise SystemExit(1) from None
             raise
         if summary is None:  # a multi-device suite's other process: the first one prints
             return math.nan

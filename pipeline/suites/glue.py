@@ -45,13 +45,13 @@ from datamodules.tasks.files import task_examples
 from pipeline.checkpoint.load import load_backbone
 from pipeline.checkpoint.source import resolve_checkpoint
 from pipeline.finetune.baselines import baseline_scores
-from pipeline.finetune.results import Baselines
-from pipeline.finetune.run import finetune
+from pipeline.finetune.results import Baselines, FinetuneResults
 from pipeline.finetune.settings import check_finetune_keys, task_from
 from pipeline.finetune.task_module import with_dropout
 from pipeline.run.errors import ConfigError, SuiteRecordError
 from pipeline.run.folder import RESULTS, SUITE_RECORD, first_process
 from pipeline.suites.record import SuiteRecord
+from pipeline.suites.runners import InThisProcess, SideBySide, check_jobs
 from pipeline.suites.summary import BASELINES, INITS, SCRATCH, Job, SuiteSummary, summarize_suite
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def job_config(
     settings (except those the command line set: `given`), the job's seed and init."""
     job_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     OmegaConf.set_struct(job_cfg, False)
-    for key in ("suite", "tasks", "seeds"):
+    for key in ("suite", "tasks", "seeds", "jobs"):
         job_cfg.pop(key, None)
     job_cfg.task = task_node
     for key, value in task.settings.items():
@@ -229,6 +229,31 @@ def task_baselines(job_cfg: DictConfig) -> Baselines:
     return Baselines(baseline_scores(spec, train, dev))
 
 
+def prepare_job(job_cfg: DictConfig, task_dir: Path, job_dir: Path, done: bool) -> None:
+    """Before a job: its task's baselines fitted once, and the folder of a run of the job that
+    was cut short (its checkpoints are not results) moved aside."""
+    if not (task_dir / BASELINES).is_file():
+        print(f"{task_dir.name}: fitting the non-neural baselines")
+        task_dir.mkdir(parents=True, exist_ok=True)
+        task_baselines(job_cfg).write(task_dir / BASELINES)
+    if not done and job_dir.exists():
+        aside = job_dir.with_name(job_dir.name + ".interrupted")
+        shutil.rmtree(aside, ignore_errors=True)
+        job_dir.rename(aside)
+        log.warning("%s was not finished; moved to %s and run again", job_dir, aside)
+
+
+def print_scores(ended: Sequence[tuple[Path, FinetuneResults]]) -> None:
+    """The line that ends each fine-tune of the suite: its main score and its folder."""
+    for job_dir, results in ended:
+        score = results.main_score()
+        print(
+            f"  {results.main_split} {results.main_metric} "
+            f"{'n/a' if score is None else f'{score:.4f}'} "
+            f"(best at epoch {results.best.epoch}); {job_dir}"
+        )
+
+
 def run_suite(
     cfg: DictConfig,
     load_task: Callable[[str], DictConfig],
@@ -249,6 +274,7 @@ def run_suite(
     check_finetune_keys(cfg)  # before the suite's record: as each job would
     folder = Path(cfg.paths.output_dir)
     tasks, seeds = suite_tasks(cfg), seeds_of(cfg.seeds)
+    at_once = check_jobs(cfg.get("jobs", 1), cfg)
     nodes = {t.name: load_task(t.name) for t in tasks}  # every name checked before any job
     source = resolve_checkpoint(cfg.ckpt)  # read once for every job
     rates = {k: v for k, v in (cfg.get("backbone") or {}).items() if v is not None}
@@ -265,36 +291,30 @@ def run_suite(
         print(f"resuming the suite in {folder}: {len(done)} of {len(jobs)} runs are done")
     by_name = {t.name: t for t in tasks}
     started = time.monotonic()
-    for number, job in enumerate(jobs, start=1):
-        task = by_name[job.task]
-        task_dir = folder / job.task
-        job_dir = folder / job.folder
-        job_cfg = job_config(cfg, nodes[job.task], task, job, job_dir, given)
-        if first and not (task_dir / BASELINES).is_file():
-            print(f"{job.task}: fitting the non-neural baselines")
-            task_dir.mkdir(parents=True, exist_ok=True)
-            task_baselines(job_cfg).write(task_dir / BASELINES)
-        if job in done:
-            continue
-        if first and job_dir.exists():  # a job cut short: its checkpoints are not results
-            aside = job_dir.with_name(job_dir.name + ".interrupted")
-            shutil.rmtree(aside, ignore_errors=True)
-            job_dir.rename(aside)
-            log.warning("%s was not finished; moved to %s and run again", job_dir, aside)
-        elapsed = time.monotonic() - started
+    runner = SideBySide(at_once) if at_once > 1 else InThisProcess(source)
+    try:
+        for number, job in enumerate(jobs, start=1):
+            job_dir = folder / job.folder
+            job_cfg = job_config(cfg, nodes[job.task], by_name[job.task], job, job_dir, given)
+            if first:
+                prepare_job(job_cfg, folder / job.task, job_dir, done=job in done)
+            if job in done:
+                continue
+            ended = runner.make_room()
+            if first:
+                print_scores(ended)
+                elapsed = time.monotonic() - started
+                print(
+                    f"\n[{number}/{len(jobs)}] {job.task}, {job.init}, seed {job.seed} "
+                    f"({elapsed:.0f} s)"
+                )
+            ended = runner.start(job_dir, job_cfg)
+            if first:
+                print_scores(ended)
         if first:
-            print(
-                f"\n[{number}/{len(jobs)}] {job.task}, {job.init}, seed {job.seed} "
-                f"({elapsed:.0f} s)"
-            )
-        results = finetune(job_cfg, source=source, announce=False)
-        score = results.main_score()
-        if first:
-            print(
-                f"  {results.main_split} {results.main_metric} "
-                f"{'n/a' if score is None else f'{score:.4f}'} "
-                f"(best at epoch {results.best.epoch}); {job_dir}"
-            )
+            print_scores(runner.drain())
+    finally:
+        runner.stop()  # those still running, after a fine-tune failed or Ctrl-C
     if not first:
         return None
     summary = summarize_suite(folder)

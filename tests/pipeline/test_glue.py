@@ -18,7 +18,9 @@ from pipeline.finetune import run as finetuning
 from pipeline.finetune.results import FinetuneResults
 from pipeline.report import write_report
 from pipeline.run.errors import ConfigError
+from pipeline.suites import runners
 from pipeline.suites.glue import Job, SuiteTask, job_config, plan, run_suite, seeds_of, suite_tasks
+from pipeline.suites.runners import check_jobs
 from pipeline.suites.summary import BASELINES, summarize_suite, task_score
 from tests.conftest import CLI_ENV, CONF, SHARED_DATA
 from tests.pipeline.test_finetune import compose_config
@@ -383,3 +385,56 @@ def test_a_suite_on_two_processes_runs_each_fine_tune_with_ddp_and_resumes(tmp_p
     assert "[1/2]" not in again.stdout
     table = [line for line in first.stdout.splitlines() if line.startswith("| stsb |")]
     assert table[0] in again.stdout
+
+
+# --- fine-tunes side by side (jobs=N) ---------------------------------------------------------
+
+
+def test_jobs_is_a_count_and_each_job_one_device():
+    cfg = OmegaConf.create({"trainer": {"devices": 1, "num_nodes": 1}})
+    assert check_jobs(1, cfg) == 1 and check_jobs(3, cfg) == 3
+    for bad in (0, -1, "2", True, 1.5):
+        with pytest.raises(ConfigError, match="give how many fine-tunes run at once"):
+            check_jobs(bad, cfg)
+    several = OmegaConf.create({"trainer": {"devices": 2, "num_nodes": 1}})
+    assert check_jobs(1, several) == 1  # one DDP fine-tune at a time
+    with pytest.raises(ConfigError, match="use jobs=1 with several devices"):
+        check_jobs(2, several)
+
+
+@needs_glue
+def test_a_suite_side_by_side_gives_the_results_of_one_at_a_time(tmp_path, monkeypatch):
+    """jobs=2: both fine-tunes of a one-seed RTE suite run at once, each in a process of its own
+    with half of this process's threads; their results equal those of jobs=1 at that thread
+    count, to the bit. A fine-tune that fails in its process stops the suite with its error."""
+    write_run(tmp_path / "bert", "bert")
+    monkeypatch.setenv("GLUE_DIR", str(GLUE))
+
+    def run(name: str, *overrides: str):
+        cfg = compose_config(
+            "glue", f"ckpt={tmp_path / 'bert'}", "tasks=[rte]", "seeds=1", *ONE_STEP, *overrides
+        )
+        cfg.task, cfg.paths.output_dir = None, str(tmp_path / name)
+        return run_suite(cfg, load_task)
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = run("alone")
+        torch.set_num_threads(2)  # each of the two processes: 1
+        with monkeypatch.context() as here:  # not in this process: in processes of their own
+            here.setattr(runners, "finetune", lambda *a, **k: pytest.fail("ran in this process"))
+            (row,) = run("side", "jobs=2").rows
+    finally:
+        torch.set_num_threads(threads)
+    assert set(row.pretrained.scores) == set(row.scratch.scores) == {1}
+    for init in ("pretrained", "scratch"):
+        ours, theirs = (
+            json.loads((tmp_path / name / "rte" / f"{init}-seed1" / "results.json").read_text())
+            for name in ("side", "alone")
+        )
+        assert ours["best"]["metrics"] == theirs["best"]["metrics"]
+        assert ours["final"] == theirs["final"]
+    assert alone.rows[0].pretrained.scores == row.pretrained.scores
+    with pytest.raises(ConfigError, match="datamodule.max_seq_len=4096 exceeds"):
+        run("failed", "jobs=2", "datamodule.max_seq_len=4096")
