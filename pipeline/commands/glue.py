@@ -43,7 +43,7 @@ def main(cfg: DictConfig) -> float:
                 resume = [o for o in overrides if not o.startswith("run_name=")]
                 resume.append(f"run_name={cfg.run_name}")
                 print(f"\nsuite interrupted; to resume it: {make_command('glue', resume)}")
-            if isinstance(stopped, KeyboardInterrupt):  # jobs>1: Ctrl-C came while waiting
+            if isinstance(stopped, KeyboardInterrupt):  # came outside a fine-tune's fit
                 raise SystemExit(1) from None
             raise
         if summary is None:  # a multi-device suite's other process: the first one prints

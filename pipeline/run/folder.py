@@ -95,7 +95,11 @@ class RunFolderGuard(Callback):
         self.command = command
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        follow_output_dir(config)
+        try:
+            follow_output_dir(config)
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
         if config.hydra.output_subdir is None:  # a command that keeps no run record
             return
         if not first_process():  # the other processes of a run leave its record to the first
@@ -137,8 +141,15 @@ def follow_output_dir(config: DictConfig) -> None:
     for override in config.hydra.overrides.task:
         key = override.lstrip("+").partition("=")[0]
         if key == "paths.output_dir":
+            folder = OmegaConf.select(config, "paths.output_dir")
+            if not folder:
+                raise ConfigError(
+                    f"paths.output_dir={folder!r}: give the run's folder, e.g. "
+                    "paths.output_dir=/data/runs/first, or leave it out (runs go to "
+                    "outputs/<model>/<run_name>, and paths.output_root=DIR moves outputs/)"
+                )
             with read_write(config.hydra), open_dict(config.hydra):
-                config.hydra.run.dir = str(OmegaConf.select(config, "paths.output_dir"))
+                config.hydra.run.dir = str(folder)
 
 
 def own_log_file(hydra: DictConfig) -> None:

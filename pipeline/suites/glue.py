@@ -4,6 +4,7 @@ suite of fine-tuning tasks, over seeds.
     make glue ckpt=outputs/bert/<run>                      # suite=quick, seeds=3
     make glue ckpt=... suite=full seeds=[1,2,3,4,5]
     make glue ckpt=... tasks=[sst2,rte] datamodule.max_examples=64 trainer.max_epochs=1
+    make glue ckpt=... jobs=2        # two fine-tunes at once (runners.py)
 
 For every task of the suite (`conf/suite/*.yaml`: task config names, each with the fine-tuning
 settings it needs, e.g. a cap on training examples) and every seed, it fine-tunes the checkpoint
@@ -285,15 +286,15 @@ def run_suite(
         folder, suite_record(cfg, source.argument, tasks, seeds)
     )
     given = overridden_keys(overrides)
-    jobs = plan(tasks, seeds)
-    done = [j for j in jobs if (folder / j.folder / RESULTS).is_file()]
+    planned = plan(tasks, seeds)
+    done = [j for j in planned if (folder / j.folder / RESULTS).is_file()]
     if resumed:
-        print(f"resuming the suite in {folder}: {len(done)} of {len(jobs)} runs are done")
+        print(f"resuming the suite in {folder}: {len(done)} of {len(planned)} runs are done")
     by_name = {t.name: t for t in tasks}
     started = time.monotonic()
-    runner = SideBySide(at_once) if at_once > 1 else InThisProcess(source)
+    runner = SideBySide(source, at_once) if at_once > 1 else InThisProcess(source)
     try:
-        for number, job in enumerate(jobs, start=1):
+        for number, job in enumerate(planned, start=1):
             job_dir = folder / job.folder
             job_cfg = job_config(cfg, nodes[job.task], by_name[job.task], job, job_dir, given)
             if first:
@@ -305,7 +306,7 @@ def run_suite(
                 print_scores(ended)
                 elapsed = time.monotonic() - started
                 print(
-                    f"\n[{number}/{len(jobs)}] {job.task}, {job.init}, seed {job.seed} "
+                    f"\n[{number}/{len(planned)}] {job.task}, {job.init}, seed {job.seed} "
                     f"({elapsed:.0f} s)"
                 )
             ended = runner.start(job_dir, job_cfg)

@@ -9,9 +9,10 @@ sets; at least one).
 
 Each fine-tune's process is started for it (`spawn`: a fork of a process whose thread pool has
 run can hang) and is the fine-tune `jobs=1` runs in the suite's own process: the same config,
-resolved here (the process has no Hydra), the same seed. It reads the checkpoint itself.
+resolved here (the process has no Hydra), the same seed, the checkpoint as the suite read it.
 A fine-tune that fails stops the suite as it would with `jobs=1`: the others are stopped, and
-their folders, unfinished, are moved aside when the suite resumes.
+their folders, unfinished, are moved aside when the suite resumes. A fine-tune's process ends
+with the suite's, if that is killed.
 
 Both runners take a job's folder and config (`start`) and give back (folder, results) for each
 fine-tune that has ended: `start` for one run in this process, `make_room` and `drain` for
@@ -21,6 +22,10 @@ those side by side.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import pickle
+import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -35,7 +40,11 @@ import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT in a fin
 from pipeline.checkpoint.source import CheckpointSource
 from pipeline.finetune.results import FinetuneResults
 from pipeline.finetune.run import finetune
+from pipeline.run.cli import USER_ERRORS
 from pipeline.run.errors import ConfigError
+from pipeline.run.launcher import launcher_world_size
+
+STOP_WAIT = 30  # seconds a fine-tune asked to stop has before it is killed
 
 
 def check_jobs(jobs: Any, cfg: DictConfig) -> int:
@@ -49,10 +58,12 @@ def check_jobs(jobs: Any, cfg: DictConfig) -> int:
         raise ConfigError(f"jobs={jobs!r}: give how many fine-tunes run at once, e.g. jobs=2")
     devices = OmegaConf.select(cfg, "trainer.devices")
     nodes = OmegaConf.select(cfg, "trainer.num_nodes") or 1
-    if jobs > 1 and (devices not in (1, "1", None, "auto") or nodes != 1):
+    several = devices not in (1, "1", None, "auto") or nodes != 1 or launcher_world_size() > 1
+    if jobs > 1 and several:
         raise ConfigError(
             f"jobs={jobs} runs fine-tunes side by side, each on one device, but "
-            f"trainer.devices={devices} trainer.num_nodes={nodes} makes each a run on several: "
+            f"trainer.devices={devices} trainer.num_nodes={nodes} (or a launcher's processes) "
+            "makes each a run on several: "
             "use jobs=1 with several devices, or trainer.devices=1 with jobs>1"
         )
     return jobs
@@ -62,34 +73,62 @@ def worker_config(job_cfg: DictConfig) -> dict:
     """A job's config as its process gets it: resolved (no Hydra there), with no progress bar
     or model summary, which several processes would interleave."""
     resolved = OmegaConf.to_container(job_cfg, resolve=True)
-    resolved["trainer"] |= {"enable_progress_bar": False, "enable_model_summary": False}
+    quiet = {"enable_progress_bar": False, "enable_model_summary": False}
+    resolved["trainer"] |= quiet | {"devices": 1}  # `auto` would take every GPU for each job
     return resolved
 
 
-def _fine_tune(config: dict, hydra: DictConfig | None, threads: int, results: Connection) -> None:
+def _fine_tune(
+    config: dict,
+    source: CheckpointSource,
+    hydra: DictConfig | None,
+    threads: int,
+    results: Connection,
+) -> None:
     """A fine-tune's process: its results, or the error that stopped it, go to `results`.
-    `hydra`: the suite's Hydra config, which its results record (the command line's overrides)."""
+    `source`: the checkpoint as the suite read it (a run folder's best.ckpt may be replaced
+    while the suite runs); `hydra`: the suite's Hydra config, which its results record (the
+    command line's overrides)."""
+    exit_with_the_suite()
     try:
         torch.set_num_threads(threads)
         if hydra is not None:  # and its log: the same lines, into the same file
             HydraConfig.instance().set_config(hydra)
             configure_log(HydraConfig.get().job_logging, HydraConfig.get().verbose)
-        results.send(finetune(OmegaConf.create(config), announce=False))
+        results.send(finetune(OmegaConf.create(config), source=source, announce=False))
     except BaseException as err:
-        if not isinstance(err, ConfigError | KeyboardInterrupt | SystemExit):  # said already
+        if not isinstance(err, (*USER_ERRORS, KeyboardInterrupt, SystemExit)):  # said in one line
             traceback.print_exc()
-        try:
-            results.send(err)
-        except Exception:  # an error that does not pickle: its message
-            results.send(RuntimeError(f"{type(err).__name__}: {err}"))
+        results.send(err if round_trips(err) else RuntimeError(f"{type(err).__name__}: {err}"))
         raise SystemExit(1) from None
 
 
+def exit_with_the_suite() -> None:
+    """End this process when the suite's process ends (killed, say): a fine-tune nobody waits
+    for would go on writing into the suite's folder."""
+    suite = multiprocessing.parent_process()
+    if suite is not None:
+        watch = threading.Thread(
+            target=lambda: (wait([suite.sentinel]), os._exit(1)), daemon=True, name="suite"
+        )
+        watch.start()
+
+
+def round_trips(err: BaseException) -> bool:
+    """Whether `err` is read back as it was sent (some exceptions pickle, then fail to load)."""
+    try:
+        pickle.loads(pickle.dumps(err))
+    except Exception:
+        return False
+    return True
+
+
 def receive(results: Connection) -> Any:
-    """What a fine-tune's process sent (waiting for all of it), or None if it sent nothing."""
+    """What a fine-tune's process sent (waiting for all of it), or None if it sent nothing
+    whole (it ended without a word, or mid-message)."""
     try:
         return results.recv()
-    except EOFError:  # the process ended without a word
+    except (EOFError, OSError):
         return None
 
 
@@ -131,7 +170,8 @@ class SideBySide:
     each gives (job, results) for the fine-tunes that ended. `stop` ends those still running.
     """
 
-    def __init__(self, jobs: int, threads: int | None = None) -> None:
+    def __init__(self, source: CheckpointSource, jobs: int, threads: int | None = None) -> None:
+        self.source = source
         self.jobs = jobs
         self.threads = threads or max(1, torch.get_num_threads() // jobs)
         self.context = multiprocessing.get_context("spawn")
@@ -154,7 +194,7 @@ class SideBySide:
         receive, send = self.context.Pipe(duplex=False)
         process = self.context.Process(
             target=_fine_tune,
-            args=(worker_config(job_cfg), self.hydra, self.threads, send),
+            args=(worker_config(job_cfg), self.source, self.hydra, self.threads, send),
         )  # not a daemon: a fine-tune may start data-loading processes of its own
         process.start()
         send.close()
@@ -184,16 +224,22 @@ class SideBySide:
                 raise result
             raise RuntimeError(
                 f"the fine-tune of {run.job} ended without results (exit code "
-                f"{run.process.exitcode}); run the same command again to resume the suite"
+                f"{run.process.exitcode}: killed, or out of memory?); its log is above"
             )
         return out
 
     def stop(self) -> None:
-        """End every fine-tune still running (their folders stay, unfinished)."""
+        """End every fine-tune still running (their folders stay, unfinished): asked to stop,
+        then killed after STOP_WAIT seconds (a step in progress finishes first)."""
+        if self.running:
+            print(f"stopping {len(self.running)} fine-tune(s) still running", file=sys.stderr)
         for run in self.running:
             run.process.terminate()
         for run in self.running:
-            run.process.join()
+            run.process.join(STOP_WAIT)
+            if run.process.is_alive():
+                run.process.kill()
+                run.process.join()
         self.running = []
 
 

@@ -5,6 +5,7 @@ resuming a suite that was cut short, and the report of a suite folder."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -438,3 +439,4 @@ def test_a_suite_side_by_side_gives_the_results_of_one_at_a_time(tmp_path, monke
     assert alone.rows[0].pretrained.scores == row.pretrained.scores
     with pytest.raises(ConfigError, match="datamodule.max_seq_len=4096 exceeds"):
         run("failed", "jobs=2", "datamodule.max_seq_len=4096")
+    assert not [p for p in multiprocessing.active_children() if "Spawn" in p.name]  # none left
