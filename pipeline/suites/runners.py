@@ -1,11 +1,10 @@
 """How a suite runs its fine-tunes: one at a time in its own process (`InThisProcess`), or, with
 `make glue jobs=N`, side by side, each in a process of its own (`SideBySide`).
 
-A mini model uses a CPU's cores poorly: its matrices are too small for two threads to halve a
-step, so two one-thread fine-tunes side by side do more work than one on both cores
-(docs/quality.md). With `jobs=N` a suite keeps N fine-tunes running, each in a process of its
-own with 1/N of this process's threads (`torch.get_num_threads()`, which OMP_NUM_THREADS
-sets; at least one).
+For a machine where one fine-tune cannot keep every core busy (many cores, a small model;
+on 2 cores `jobs=2` was no faster, docs/results/cpu-bench.md): with `jobs=N` a suite keeps N
+fine-tunes running, each in a process of its own with 1/N of this process's threads
+(`torch.get_num_threads()`, which OMP_NUM_THREADS sets; at least one).
 
 Each fine-tune's process is started for it (`spawn`: a fork of a process whose thread pool has
 run can hang) and is the fine-tune `jobs=1` runs in the suite's own process: the same config,
