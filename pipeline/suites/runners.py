@@ -163,16 +163,17 @@ class InThisProcess:
 
 
 class SideBySide:
-    """Up to `jobs` fine-tunes at once, each in a process with `threads` torch threads.
+    """Up to `jobs` fine-tunes at once, each in a process with 1/`jobs` of this process's torch
+    threads (at least one).
 
     `make_room` waits until fewer than `jobs` run, `start` starts one, `drain` waits for all;
     each gives (job, results) for the fine-tunes that ended. `stop` ends those still running.
     """
 
-    def __init__(self, source: CheckpointSource, jobs: int, threads: int | None = None) -> None:
+    def __init__(self, source: CheckpointSource, jobs: int) -> None:
         self.source = source
         self.jobs = jobs
-        self.threads = threads or max(1, torch.get_num_threads() // jobs)
+        self.threads = max(1, torch.get_num_threads() // jobs)
         self.context = multiprocessing.get_context("spawn")
         self.hydra = HydraConfig.instance().cfg  # None outside a Hydra job (tests)
         self.running: list[Running] = []
