@@ -30,7 +30,7 @@ import torch
 
 from pipeline.checkpoint.record import CheckpointRecord
 from pipeline.run.errors import CheckpointLoadError, ConfigError, DamagedCheckpointError
-from pipeline.run.folder import CHECKPOINT_DIR, refuse_overwrite
+from pipeline.run.folder import CHECKPOINT_DIR, another_folder, refuse_overwrite
 from tokenizer.cache import partial_writes
 
 __all__ = [
@@ -177,7 +177,7 @@ def resolve_resume(
                 f"resume=auto: none of the checkpoints in {run_dir / CHECKPOINT_DIR} can be read "
                 f"({', '.join(existed)}; see the warnings above); rather than start the run over "
                 "in its own folder, this stops: resume from a copy with resume=PATH, or start "
-                "afresh with another run_name"
+                f"afresh with another {another_folder()}"
             )
         if found is None:
             log.info("resume=auto: no checkpoint in %s yet, starting from scratch", run_dir)

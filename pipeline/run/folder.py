@@ -62,6 +62,7 @@ def refuse_overwrite(command: Command, run_dir: Path, resume: Any = None) -> Non
 
     Pretraining continues a run with `resume`; a fine-tuning run folder is never reused.
     """
+    other = another_folder()
     if command == "pretrain":
         if resume is not None:
             return
@@ -69,14 +70,30 @@ def refuse_overwrite(command: Command, run_dir: Path, resume: Any = None) -> Non
         if existing:
             raise ConfigError(
                 f"run folder {run_dir} already has checkpoints ({existing[-1].name}, ...): pass "
-                "resume=auto to continue that run, or choose another run_name"
+                f"resume=auto to continue that run, or choose another {other}"
             )
         return
     if (run_dir / RESULTS).exists() or (run_dir / CHECKPOINT_DIR).exists():
         raise ConfigError(
-            f"{run_dir} already holds a fine-tuning run; choose another run_name= (or delete "
+            f"{run_dir} already holds a fine-tuning run; choose another {other} (or delete "
             "the folder) so that its checkpoints and results are not mixed with a new run's"
         )
+
+
+def another_folder() -> str:
+    """The key that names another run folder in the fix of a refusal: `paths.output_dir=` when
+    the command line named the folder itself (`follow_output_dir`), else `run_name=`."""
+    try:
+        overrides = HydraConfig.get().overrides.task
+    except ValueError:  # not in a Hydra job
+        return "run_name="
+    named = any(override_key(override) == "paths.output_dir" for override in overrides)
+    return "paths.output_dir=" if named else "run_name="
+
+
+def override_key(override: str) -> str:
+    """The config key a command-line override sets (`+a.b=1` and `a.b=1` give `a.b`)."""
+    return override.lstrip("+~").partition("=")[0]
 
 
 def resumes_a_run(run_dir: Path, resume: Any) -> bool:
@@ -115,7 +132,8 @@ class RunFolderGuard(Callback):
             missing = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
             # refused before the lock too, so that a refused attempt leaves the folder as it was
             refuse_overwrite(self.command, run_dir, config.get("resume"))
-            lock_run_folder(run_dir, self.command)  # before anything is read or written there
+            # before anything is read or written there
+            lock_run_folder(run_dir, self.command, another_folder())
             _created_run_dir = run_dir if missing else None
             _created_top = missing[-1] if missing else None
             # and again: a run that held the folder until now may have written a run there
@@ -139,8 +157,7 @@ def follow_output_dir(config: DictConfig) -> None:
     record and log of the run, becomes DIR too. Otherwise the run would write its checkpoints
     into DIR, which nothing made, and its record into `outputs/<model>/<run_name>`."""
     for override in config.hydra.overrides.task:
-        key = override.lstrip("+").partition("=")[0]
-        if key == "paths.output_dir":
+        if override_key(override) == "paths.output_dir":
             folder = OmegaConf.select(config, "paths.output_dir")
             if not folder:
                 raise ConfigError(

@@ -85,9 +85,10 @@ class RunLock:
 _held: dict[Path, RunLock] = {}
 
 
-def lock_run_folder(run_dir: Path, command: str) -> RunLock:
+def lock_run_folder(run_dir: Path, command: str, other: str = "run_name=") -> RunLock:
     """Take `run_dir`'s lock for this process (the folder is made if missing); a second call
-    for the same folder returns the lock already held.
+    for the same folder returns the lock already held. `other`: the key that names another
+    folder, in the fix of a refusal.
 
     Raises:
         RunFolderBusyError: another process holds it; names that process and what to do.
@@ -109,7 +110,7 @@ def lock_run_folder(run_dir: Path, command: str) -> RunLock:
             )
             raise RunFolderBusyError(
                 f"{run_dir} is in use by {who}; wait for that run to end, {stop}or choose "
-                "another run_name="
+                f"another {other}"
             )
         previous = LockOwner.read(handle)
         if previous is not None:

@@ -168,6 +168,7 @@ def test_output_dir_on_the_command_line_is_the_whole_run_folder(tmp_path):
     assert not (tmp_path / "out").exists()
     again = run_pretrain(tmp_path, *run)
     assert again.returncode == 2 and "already has checkpoints" in again.stderr
+    assert "choose another paths.output_dir=" in again.stderr  # not a run_name: DIR is named
     empty = run_pretrain(tmp_path, "model=gpt-tiny", "paths.output_dir=null")
     assert empty.returncode == 2 and "paths.output_dir=None: give the run's folder" in empty.stderr
     assert not (REPO / "None").exists() and not (tmp_path / "out").exists()
