@@ -10,6 +10,7 @@ Returns the suite's average pretrained score (GLUE's, 0-100), for Hydra sweepers
 from __future__ import annotations
 
 import math
+import sys
 
 import hydra
 from hydra import compose
@@ -17,7 +18,7 @@ from omegaconf import DictConfig
 
 import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT for the registry)
 from pipeline.run.cli import entry_point, make_command, unknown_choice, user_errors
-from pipeline.run.errors import ConfigError
+from pipeline.run.errors import ConfigError, FineTuneCrashError
 from pipeline.run.folder import first_process
 from pipeline.run.launcher import command_overrides
 from pipeline.suites.glue import run_suite
@@ -46,6 +47,9 @@ def main(cfg: DictConfig) -> float:
             if isinstance(stopped, KeyboardInterrupt):  # came outside a fine-tune's fit
                 raise SystemExit(1) from None
             raise
+        except FineTuneCrashError as crash:  # its traceback is above, from its own process
+            print(f"error: {crash}", file=sys.stderr)
+            raise SystemExit(1) from None
         if summary is None:  # a multi-device suite's other process: the first one prints
             return math.nan
         folder = cfg.paths.output_dir

@@ -31,6 +31,7 @@ from pipeline.run.config_keys import (
 )
 from pipeline.run.errors import ConfigError
 from pipeline.run.families import family_named
+from pipeline.training.optim import check_optimizer_values
 from tokenizer import special_ids
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def check_finetune_keys(cfg: DictConfig) -> None:
     constructor takes (`pipeline.run.config_keys.check_keys`): a misspelled `+optim.lrr=1` is a
     `ConfigError` before anything is loaded or trained (the task: `task_from`)."""
     check_keys("optim", cfg.optim, supplied=OPTIMIZER_ARGUMENTS)
+    check_optimizer_values(cfg.optim, lr_by_default=True)
     check_keys("schedule", cfg.schedule, supplied=SCHEDULE_ARGUMENTS)
     check_keys("trainer", cfg.trainer, supplied=TRAINER_ARGUMENTS)
     check_datamodule_keys(cfg)

@@ -43,6 +43,7 @@ from pipeline.run.recipes import (
     recipe_with,
     recipes_of,
 )
+from pipeline.training.optim import check_optimizer_values
 from pipeline.training.schedules import resolve_warmup
 from tokenizer import TokenizerSpec
 
@@ -125,7 +126,7 @@ def check_config(cfg: DictConfig, choices: GroupChoices | None = None) -> RunPla
             "objective override (model=... selects the matching objective)"
         )
     _check_phases(objective, model.max_seq_len, cfg.trainer)
-    _check_optimizer(cfg.optim)
+    check_optimizer_values(cfg.optim)
     _check_muon(cfg.optim, cfg.trainer, family, cfg.get("recipe"), choices or GroupChoices())
     _check_probe(cfg.get("probe"), cfg.trainer)
     _check_word_vectors(cfg.get("word_vectors"), cfg.trainer)
@@ -387,18 +388,6 @@ def _check_probe(probe: DictConfig | None, trainer: DictConfig) -> None:
         value = probe.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"probe.{key}={value!r}: use a positive integer")
-
-
-def _check_optimizer(optim: DictConfig) -> None:
-    if not optim.lr > 0:
-        raise ConfigError(f"optim.lr must be > 0, got {optim.lr}; e.g. optim.lr=1e-4")
-    if optim.get("weight_decay", 0) < 0:
-        raise ConfigError(f"optim.weight_decay must be >= 0, got {optim.weight_decay}")
-    for i, beta in enumerate(optim.get("betas") or []):
-        if not 0 <= beta < 1:
-            raise ConfigError(f"optim.betas[{i}] must be in [0, 1), got {beta}")
-    if optim.get("eps", 1) <= 0:
-        raise ConfigError(f"optim.eps must be > 0, got {optim.eps}")
 
 
 def _check_run(cfg: DictConfig) -> None:

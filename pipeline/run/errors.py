@@ -52,6 +52,12 @@ class SuiteRecordError(ValueError):
     """A suite folder's record (glue_suite.json) that cannot be read."""
 
 
+class FineTuneCrashError(RuntimeError):
+    """A fine-tune that `make glue jobs=N` ran in a process of its own ended on an unexpected
+    error, or without a word (killed): that process printed its traceback or log; this error
+    names the fine-tune in one line."""
+
+
 class PeerLostError(RuntimeError):
     """A process of a multi-process run lost another (killed, crashed, its node down or cut
     off): the message names both processes and what was seen; the run's checkpoints are

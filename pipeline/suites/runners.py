@@ -40,7 +40,7 @@ from pipeline.checkpoint.source import CheckpointSource
 from pipeline.finetune.results import FinetuneResults
 from pipeline.finetune.run import finetune
 from pipeline.run.cli import USER_ERRORS
-from pipeline.run.errors import ConfigError
+from pipeline.run.errors import ConfigError, FineTuneCrashError
 from pipeline.run.launcher import launcher_world_size
 
 STOP_WAIT = 30  # seconds a fine-tune asked to stop has before it is killed
@@ -96,9 +96,11 @@ def _fine_tune(
             configure_log(HydraConfig.get().job_logging, HydraConfig.get().verbose)
         results.send(finetune(OmegaConf.create(config), source=source, announce=False))
     except BaseException as err:
+        said = f"{type(err).__name__}: {next(iter(str(err).splitlines()), '')}"  # one line
         if not isinstance(err, (*USER_ERRORS, KeyboardInterrupt, SystemExit)):  # said in one line
-            traceback.print_exc()
-        results.send(err if round_trips(err) else RuntimeError(f"{type(err).__name__}: {err}"))
+            traceback.print_exc()  # here, where it happened; the suite says which fine-tune
+            err = FineTuneCrashError(f"{said} (its traceback is above)")
+        results.send(err if round_trips(err) else FineTuneCrashError(said))
         raise SystemExit(1) from None
 
 
@@ -205,7 +207,8 @@ class SideBySide:
         """Wait until one or more fine-tunes end; their jobs and results.
 
         Raises:
-            the error a fine-tune ended with (the others are stopped first), or RuntimeError
+            the user error a fine-tune ended with (the others are stopped first), or
+            FineTuneCrashError for an unexpected one (its process printed the traceback) or
             for one that ended without a word (killed, out of memory).
         """
         # the pipes too: a process blocks on sending results larger than a pipe's buffer
@@ -220,9 +223,11 @@ class SideBySide:
                 out.append((run.job, result))
                 continue
             self.stop()
+            if isinstance(result, FineTuneCrashError):
+                raise FineTuneCrashError(f"the fine-tune of {run.job} failed: {result}")
             if isinstance(result, BaseException):
                 raise result
-            raise RuntimeError(
+            raise FineTuneCrashError(
                 f"the fine-tune of {run.job} ended without results (exit code "
                 f"{run.process.exitcode}: killed, or out of memory?); its log is above"
             )

@@ -13,8 +13,39 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
+
+from pipeline.run.errors import ConfigError
+
+
+def check_optimizer_values(optim: DictConfig, lr_by_default: bool = False) -> None:
+    """Refuse optimizer settings no optimizer can take, before anything is made: a learning
+    rate that is not a number above 0, negative weight decay, betas outside [0, 1), an eps not
+    above 0. `lr_by_default`: `optim.lr=null` picks a default (fine-tuning, by model width)."""
+    lr = optim.get("lr")
+    if not (lr is None and lr_by_default) and not (is_number(lr) and lr > 0):
+        default = " (or optim.lr=null for the default by model width)" if lr_by_default else ""
+        raise ConfigError(f"optim.lr={lr!r}: give a learning rate > 0, e.g. optim.lr=1e-4{default}")
+    adamw_lr = optim.get("adamw_lr")  # Muon's rate for the parameters AdamW updates; null: lr
+    if adamw_lr is not None and not (is_number(adamw_lr) and adamw_lr > 0):
+        raise ConfigError(f"optim.adamw_lr={adamw_lr!r}: give a rate > 0, or null to use optim.lr")
+    for key in ("weight_decay", "adamw_weight_decay"):
+        value = optim.get(key)
+        if value is not None and not (is_number(value) and value >= 0):
+            raise ConfigError(f"optim.{key}={value!r}: give a number >= 0, e.g. optim.{key}=0.01")
+    for i, beta in enumerate(optim.get("betas") or []):
+        if not (is_number(beta) and 0 <= beta < 1):
+            raise ConfigError(f"optim.betas[{i}]={beta!r}: give a number in [0, 1), e.g. 0.9")
+    eps = optim.get("eps")
+    if eps is not None and not (is_number(eps) and eps > 0):
+        raise ConfigError(f"optim.eps={eps!r}: give a number > 0, e.g. optim.eps=1e-8")
+
+
+def is_number(value: object) -> bool:
+    """An int or a float, not a bool (YAML's `true` is not a learning rate)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:

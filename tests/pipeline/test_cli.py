@@ -208,7 +208,7 @@ def test_bad_value_fails_fast_with_one_line(tmp_path):
         f"paths.output_root={tmp_path}/out",
     )
     assert result.returncode == 2
-    assert "error: optim.lr must be > 0, got -0.001" in result.stderr
+    assert "error: optim.lr=-0.001: give a learning rate > 0" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "c").exists()  # nothing was trained or cached
 

@@ -18,8 +18,8 @@ from tests.conftest import CONF, compose_pretrain
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["optim.lr=-0.001"], r"optim\.lr must be > 0"),
-        (["model=gpt", "optim.lr=0"], r"optim\.lr must be > 0"),
+        (["optim.lr=-0.001"], r"optim\.lr=-0\.001: give a learning rate > 0"),
+        (["model=gpt", "optim.lr=0"], r"optim\.lr=0: give a learning rate > 0"),
         (["model.n_heads=5"], r"model\.n_heads=5 does not divide model\.d_model=256"),
         (
             ["model=gpt", "model.n_kv_heads=3"],
@@ -59,6 +59,9 @@ from tests.conftest import CONF, compose_pretrain
         (["trainer.precision=fp8"], r"trainer\.precision='fp8'"),
         (["schedule.warmup_steps=10"], r"exactly one of schedule\.warmup_steps"),
         (["optim.betas=[0.9,1.5]"], r"optim\.betas\[1\]"),
+        (["optim.lr=null"], r"optim\.lr=None: give a learning rate > 0, e\.g\. optim\.lr=1e-4$"),
+        (["optim.weight_decay=-0.1"], r"optim\.weight_decay=-0\.1: give a number >= 0"),
+        (["optim=muon_gpt", "optim.adamw_lr=0"], r"optim\.adamw_lr=0: give a rate > 0"),
         (["data=text_files"], r"required config value\(s\) not set: data\.paths"),
         (["data=text_files", "data.paths=/nonexistent/*.txt"], r"matches no file"),
         (["trainer.val_check_interval=0.5"], r"val_check_interval must be a whole number"),

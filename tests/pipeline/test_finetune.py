@@ -438,6 +438,14 @@ def test_missing_ckpt_and_bad_task_settings_are_one_line_errors(tmp_path):
         tmp_path=tmp_path,
     )
     assert result.returncode == 2 and "task.long_text.aggregate='median'" in result.stderr
+    result = run_cli(
+        "pipeline.commands.finetune", "task=rte", "ckpt=x", "optim.lr=-1", out, tmp_path=tmp_path
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        "error: optim.lr=-1: give a learning rate > 0, e.g. optim.lr=1e-4 (or optim.lr=null for the"
+        in result.stderr
+    )
     # neither refused attempt left its run folder behind
     assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []
 

@@ -18,7 +18,7 @@ from models.hf import export_hf
 from pipeline.finetune import run as finetuning
 from pipeline.finetune.results import FinetuneResults
 from pipeline.report import write_report
-from pipeline.run.errors import ConfigError
+from pipeline.run.errors import ConfigError, FineTuneCrashError
 from pipeline.suites import runners
 from pipeline.suites.glue import Job, SuiteTask, job_config, plan, run_suite, seeds_of, suite_tasks
 from pipeline.suites.runners import check_jobs
@@ -440,3 +440,17 @@ def test_a_suite_side_by_side_gives_the_results_of_one_at_a_time(tmp_path, monke
     with pytest.raises(ConfigError, match="datamodule.max_seq_len=4096 exceeds"):
         run("failed", "jobs=2", "datamodule.max_seq_len=4096")
     assert not [p for p in multiprocessing.active_children() if "Spawn" in p.name]  # none left
+
+
+def test_an_unexpected_error_in_a_fine_tunes_process_is_named_in_one_line(capfd):
+    """Not a user error: the fine-tune's process prints the traceback, where it happened, and
+    the suite's error names the fine-tune (one line, so no second traceback from the suite)."""
+    runner = runners.SideBySide(source=None, jobs=1)
+    runner.start("rte/pretrained-seed1", OmegaConf.create({"ckpt": "x", "trainer": {}}))
+    with pytest.raises(FineTuneCrashError) as crashed:
+        runner.drain()
+    message = str(crashed.value)
+    assert message.startswith("the fine-tune of rte/pretrained-seed1 failed: ")
+    assert message.endswith("(its traceback is above)") and "\n" not in message
+    assert "Traceback (most recent call last)" in capfd.readouterr().err  # the child's
+    assert not [p for p in multiprocessing.active_children() if "Spawn" in p.name]
