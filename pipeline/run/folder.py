@@ -12,7 +12,7 @@ checks that need nothing but the command line before Hydra writes anything:
   its own (`own_log_file`);
 - `run_name` is one folder name (no `/`, `..`), so a run stays under `outputs/<model>/`;
 - `paths.output_dir=DIR` names the run folder itself: Hydra's folder follows it
-  (`follow_output_dir`);
+  (`follow_output_dir`); a sweep, whose jobs each have a folder, refuses it;
 - a fresh run into a folder that holds a run is refused (`refuse_overwrite`, which the commands
   also call themselves, for runs started without Hydra);
 - a resumed pretraining run (or `make glue` suite) keeps the first attempt's `.hydra/` record
@@ -84,10 +84,9 @@ def another_folder() -> str:
     """The key that names another run folder in the fix of a refusal: `paths.output_dir=` when
     the command line named the folder itself (`follow_output_dir`), else `run_name=`."""
     try:
-        overrides = HydraConfig.get().overrides.task
+        named = names_output_dir(HydraConfig.get())
     except ValueError:  # not in a Hydra job
         return "run_name="
-    named = any(override_key(override) == "paths.output_dir" for override in overrides)
     return "paths.output_dir=" if named else "run_name="
 
 
@@ -110,6 +109,17 @@ class RunFolderGuard(Callback):
 
     def __init__(self, command: Command) -> None:
         self.command = command
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A sweep runs each job in a folder of its own, under `hydra.sweep.dir`."""
+        if names_output_dir(config):
+            print(
+                "error: paths.output_dir names one run's folder, but this sweep runs one job per "
+                "value, each in a folder of its own: leave paths.output_dir out, and give "
+                "hydra.sweep.dir=DIR to put the sweep's folders in DIR",
+                file=sys.stderr,
+            )
+            sys.exit(2)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -151,22 +161,29 @@ class RunFolderGuard(Callback):
                 config.hydra.output_subdir = f"{RECORD_DIR}/resume-{stamp}"
 
 
+def names_output_dir(hydra: DictConfig) -> bool:
+    """Whether the command line sets `paths.output_dir` (`hydra`: the Hydra config, or a
+    config that holds it)."""
+    overrides = (hydra.hydra if "hydra" in hydra else hydra).overrides.task
+    return any(override_key(override) == "paths.output_dir" for override in overrides)
+
+
 def follow_output_dir(config: DictConfig) -> None:
     """`paths.output_dir=DIR` on the command line names the run folder itself (`paths.output_root`
     names the folder that runs go under): Hydra's run folder, which takes the lock and the
     record and log of the run, becomes DIR too. Otherwise the run would write its checkpoints
     into DIR, which nothing made, and its record into `outputs/<model>/<run_name>`."""
-    for override in config.hydra.overrides.task:
-        if override_key(override) == "paths.output_dir":
-            folder = OmegaConf.select(config, "paths.output_dir")
-            if not folder:
-                raise ConfigError(
-                    f"paths.output_dir={folder!r}: give the run's folder, e.g. "
-                    "paths.output_dir=/data/runs/first, or leave it out (runs go to "
-                    "outputs/<model>/<run_name>, and paths.output_root=DIR moves outputs/)"
-                )
-            with read_write(config.hydra), open_dict(config.hydra):
-                config.hydra.run.dir = str(folder)
+    if not names_output_dir(config):
+        return
+    folder = OmegaConf.select(config, "paths.output_dir")
+    if not folder:
+        raise ConfigError(
+            f"paths.output_dir={folder!r}: give the run's folder, e.g. "
+            "paths.output_dir=/data/runs/first, or leave it out (runs go to "
+            "outputs/<model>/<run_name>, and paths.output_root=DIR moves outputs/)"
+        )
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.run.dir = str(folder)
 
 
 def own_log_file(hydra: DictConfig) -> None:

@@ -172,3 +172,7 @@ def test_output_dir_on_the_command_line_is_the_whole_run_folder(tmp_path):
     empty = run_pretrain(tmp_path, "model=gpt-tiny", "paths.output_dir=null")
     assert empty.returncode == 2 and "paths.output_dir=None: give the run's folder" in empty.stderr
     assert not (REPO / "None").exists() and not (tmp_path / "out").exists()
+    # a sweep's jobs each have a folder: one DIR for all of them is refused before any job
+    sweep = run_pretrain(tmp_path, *run[:2], f"paths.output_dir={tmp_path}/s", "seed=1,2", "-m")
+    assert sweep.returncode == 2 and "give hydra.sweep.dir=DIR" in sweep.stderr, sweep.stderr
+    assert not (tmp_path / "s").exists() and not (tmp_path / "out").exists()
