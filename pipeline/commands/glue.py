@@ -37,18 +37,23 @@ def load_task(name: str) -> DictConfig:
 def main(cfg: DictConfig) -> float:
     with user_errors():
         overrides = command_overrides()
+        resume = make_command(
+            "glue",
+            [*(o for o in overrides if not o.startswith("run_name=")), f"run_name={cfg.run_name}"],
+        )
         try:
             summary = run_suite(cfg, load_task, overrides)
         except (KeyboardInterrupt, SystemExit) as stopped:  # Lightning ends fit with exit(1)
             if first_process():
-                resume = [o for o in overrides if not o.startswith("run_name=")]
-                resume.append(f"run_name={cfg.run_name}")
-                print(f"\nsuite interrupted; to resume it: {make_command('glue', resume)}")
+                print(f"\nsuite interrupted; to resume it: {resume}")
             if isinstance(stopped, KeyboardInterrupt):  # came outside a fine-tune's fit
                 raise SystemExit(1) from None
             raise
         except FineTuneCrashError as crash:  # its traceback is above, from its own process
-            print(f"error: {crash}", file=sys.stderr)
+            print(
+                f"error: {crash}\nthe finished fine-tunes are kept; to resume: {resume}",
+                file=sys.stderr,
+            )
             raise SystemExit(1) from None
         if summary is None:  # a multi-device suite's other process: the first one prints
             return math.nan

@@ -29,6 +29,7 @@ from pipeline.run.launcher import (
     group_choices,
     launcher_rank,
     launcher_world_size,
+    override_key,
     relaunch_command,
 )
 from tokenizer import get_tokenizer, tokenizer_cache_path
@@ -37,8 +38,8 @@ from tokenizer import get_tokenizer, tokenizer_cache_path
 def same_command(*changed: str) -> str:
     """This command with its overrides, `changed` (`key=value`) replacing those of the same
     keys: as `make prepare`, or as the launcher's line (torchrun, srun) that started it."""
-    keys = {c.partition("=")[0] for c in changed}
-    overrides = [*(o for o in command_overrides() if o.partition("=")[0] not in keys), *changed]
+    keys = {override_key(c) for c in changed}
+    overrides = [*(o for o in command_overrides() if override_key(o) not in keys), *changed]
     return relaunch_command(
         make_command("prepare", overrides), "pipeline.commands.prepare", overrides
     )

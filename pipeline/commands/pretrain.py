@@ -24,6 +24,7 @@ from pipeline.run.launcher import (
     command_overrides,
     group_choices,
     local_rank,
+    override_key,
     relaunch_command,
 )
 
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def resumed_overrides(run_name: str) -> list[str]:
     """This run's overrides, naming its run and resuming it."""
-    kept = [o for o in command_overrides() if o.split("=")[0] not in ("run_name", "resume")]
+    kept = [o for o in command_overrides() if override_key(o) not in ("run_name", "resume")]
     return [*kept, f"run_name={run_name}", "resume=auto"]
 
 

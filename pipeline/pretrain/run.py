@@ -48,7 +48,12 @@ from pipeline.run.cli import make_command
 from pipeline.run.errors import ConfigError, DiskFullError
 from pipeline.run.families import family_named
 from pipeline.run.folder import HF_DIR, LOG_DIR, attempt_record, first_process
-from pipeline.run.launcher import command_overrides, launcher_rank, relaunch_command
+from pipeline.run.launcher import (
+    command_overrides,
+    launcher_rank,
+    override_key,
+    relaunch_command,
+)
 from pipeline.training.callbacks import SourceProgress, Throughput, ValidateLastStep
 from pipeline.training.loggers import (
     build_loggers,
@@ -349,8 +354,8 @@ def refuse_another_runs_end(resumed: CheckpointSource, ended: str, run_dir: Path
     if not ended.startswith("trainer.max_steps"):  # a time budget's end
         further.insert(0, "trainer.budget=null")
         fix = "resume it without a budget and with a larger trainer.max_steps"
-    keys = {override.split("=")[0] for override in further}
-    overrides = [o for o in command_overrides() if o.split("=")[0].lstrip("+~") not in keys]
+    keys = {override_key(override) for override in further}
+    overrides = [o for o in command_overrides() if override_key(o) not in keys]
     overrides += further
     command = make_command("pretrain", overrides)
     command = relaunch_command(command, "pipeline.commands.pretrain", overrides)

@@ -36,11 +36,12 @@ from typing import Any, Literal
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from pipeline.run.config_keys import check_run_name
 from pipeline.run.errors import ConfigError, RunFolderBusyError
-from pipeline.run.launcher import launcher_rank
+from pipeline.run.launcher import launcher_rank, override_key
 from pipeline.run.lock import LOCK_FILE, lock_run_folder, release_run_folder
 
 Command = Literal["pretrain", "finetune", "glue"]
@@ -81,18 +82,16 @@ def refuse_overwrite(command: Command, run_dir: Path, resume: Any = None) -> Non
 
 
 def another_folder() -> str:
-    """The key that names another run folder in the fix of a refusal: `paths.output_dir=` when
-    the command line named the folder itself (`follow_output_dir`), else `run_name=`."""
+    """The key that names another run folder in the fix of a refusal: `hydra.sweep.dir=` for a
+    sweep's job (its folder is `<sweep dir>/<job number>`), `paths.output_dir=` when the
+    command line named the folder itself (`follow_output_dir`), else `run_name=`."""
     try:
-        named = names_output_dir(HydraConfig.get())
+        hydra = HydraConfig.get()
     except ValueError:  # not in a Hydra job
         return "run_name="
-    return "paths.output_dir=" if named else "run_name="
-
-
-def override_key(override: str) -> str:
-    """The config key a command-line override sets (`+a.b=1` and `a.b=1` give `a.b`)."""
-    return override.lstrip("+~").partition("=")[0]
+    if hydra.mode == RunMode.MULTIRUN:
+        return "hydra.sweep.dir="
+    return "run_name=" if output_dir_given(hydra) is None else "paths.output_dir="
 
 
 def resumes_a_run(run_dir: Path, resume: Any) -> bool:
@@ -112,11 +111,13 @@ class RunFolderGuard(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A sweep runs each job in a folder of its own, under `hydra.sweep.dir`."""
-        if names_output_dir(config):
+        folder = output_dir_given(config)
+        if folder is not None:
+            there = folder if folder and "," not in folder else "DIR"
             print(
-                "error: paths.output_dir names one run's folder, but this sweep runs one job per "
-                "value, each in a folder of its own: leave paths.output_dir out, and give "
-                "hydra.sweep.dir=DIR to put the sweep's folders in DIR",
+                "error: paths.output_dir names one run's folder, but a sweep runs each of its "
+                "jobs in a folder of its own, under hydra.sweep.dir: leave paths.output_dir "
+                f"out (and, to put the jobs' folders in {there}, give hydra.sweep.dir={there})",
                 file=sys.stderr,
             )
             sys.exit(2)
@@ -161,11 +162,13 @@ class RunFolderGuard(Callback):
                 config.hydra.output_subdir = f"{RECORD_DIR}/resume-{stamp}"
 
 
-def names_output_dir(hydra: DictConfig) -> bool:
-    """Whether the command line sets `paths.output_dir` (`hydra`: the Hydra config, or a
-    config that holds it)."""
-    overrides = (hydra.hydra if "hydra" in hydra else hydra).overrides.task
-    return any(override_key(override) == "paths.output_dir" for override in overrides)
+def output_dir_given(hydra: DictConfig) -> str | None:
+    """`paths.output_dir`'s value as the command line gives it, or None where it is not given
+    (`hydra`: the Hydra config, or a config that holds it)."""
+    for override in (hydra.hydra if "hydra" in hydra else hydra).overrides.task:
+        if override_key(override) == "paths.output_dir" and not override.startswith("~"):
+            return override.split("=", 1)[1]
+    return None
 
 
 def follow_output_dir(config: DictConfig) -> None:
@@ -173,7 +176,7 @@ def follow_output_dir(config: DictConfig) -> None:
     names the folder that runs go under): Hydra's run folder, which takes the lock and the
     record and log of the run, becomes DIR too. Otherwise the run would write its checkpoints
     into DIR, which nothing made, and its record into `outputs/<model>/<run_name>`."""
-    if not names_output_dir(config):
+    if output_dir_given(config) is None:
         return
     folder = OmegaConf.select(config, "paths.output_dir")
     if not folder:

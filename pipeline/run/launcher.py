@@ -116,7 +116,7 @@ class GroupChoices:
     @classmethod
     def of(cls, options: Mapping[str, str | None], overrides: Iterable[str]) -> GroupChoices:
         """From Hydra's `runtime.choices` and the command's overrides (`optim=muon`, `+probe=glue`)."""
-        keys = (override.split("=", 1)[0].lstrip("+~") for override in overrides if "=" in override)
+        keys = (override_key(override) for override in overrides if "=" in override)
         return cls(dict(options), frozenset(key for key in keys if key in options))
 
     def apart_from(self, group: str, option: str | None) -> bool:
@@ -132,6 +132,12 @@ def group_choices() -> GroupChoices:
     except ValueError:
         return GroupChoices()
     return GroupChoices.of(hydra.runtime.choices, hydra.overrides.task)
+
+
+def override_key(override: str) -> str:
+    """The config key a command-line override sets or deletes: `a.b=1`, `+a.b=1`, `++a.b=1`
+    and `~a.b` give `a.b`."""
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def command_overrides() -> list[str]:

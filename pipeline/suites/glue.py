@@ -51,6 +51,7 @@ from pipeline.finetune.settings import check_finetune_keys, task_from
 from pipeline.finetune.task_module import with_dropout
 from pipeline.run.errors import ConfigError, SuiteRecordError
 from pipeline.run.folder import RESULTS, SUITE_RECORD, first_process
+from pipeline.run.launcher import override_key
 from pipeline.suites.record import SuiteRecord
 from pipeline.suites.runners import InThisProcess, SideBySide, check_jobs
 from pipeline.suites.summary import BASELINES, INITS, SCRATCH, Job, SuiteSummary, summarize_suite
@@ -126,11 +127,6 @@ def suite_tasks(cfg: DictConfig) -> list[SuiteTask]:
 def plan(tasks: Sequence[SuiteTask], seeds: Sequence[int]) -> list[Job]:
     """Every job, task by task (a suite cut short has whole tasks), pretrained before scratch."""
     return [Job(t.name, init, seed) for t in tasks for seed in seeds for init in INITS]
-
-
-def overridden_keys(overrides: Sequence[str]) -> set[str]:
-    """The config keys that command-line overrides set (`+key=`, `~key` and `key=` alike)."""
-    return {o.split("=", 1)[0].lstrip("+~") for o in overrides}
 
 
 def job_config(
@@ -285,7 +281,7 @@ def run_suite(
     resumed = first and check_or_write_record(
         folder, suite_record(cfg, source.argument, tasks, seeds)
     )
-    given = overridden_keys(overrides)
+    given = {override_key(o) for o in overrides}  # `+key=`, `~key` and `key=` alike
     planned = plan(tasks, seeds)
     done = [j for j in planned if (folder / j.folder / RESULTS).is_file()]
     if resumed:

@@ -96,11 +96,16 @@ def _fine_tune(
             configure_log(HydraConfig.get().job_logging, HydraConfig.get().verbose)
         results.send(finetune(OmegaConf.create(config), source=source, announce=False))
     except BaseException as err:
-        said = f"{type(err).__name__}: {next(iter(str(err).splitlines()), '')}"  # one line
-        if not isinstance(err, (*USER_ERRORS, KeyboardInterrupt, SystemExit)):  # said in one line
-            traceback.print_exc()  # here, where it happened; the suite says which fine-tune
-            err = FineTuneCrashError(f"{said} (its traceback is above)")
-        results.send(err if round_trips(err) else FineTuneCrashError(said))
+        if isinstance(err, USER_ERRORS):  # said in one line, by the suite
+            sent = err if round_trips(err) else ConfigError(str(err))
+        elif isinstance(err, (KeyboardInterrupt, SystemExit)):  # asked to stop
+            sent = err if round_trips(err) else SystemExit(1)
+        else:  # its traceback, here where it happened; the suite says which fine-tune it was
+            traceback.print_exc()
+            first_line = next(iter(str(err).splitlines()), "")
+            said = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
+            sent = FineTuneCrashError(said)
+        results.send(sent)
         raise SystemExit(1) from None
 
 
@@ -224,12 +229,15 @@ class SideBySide:
                 continue
             self.stop()
             if isinstance(result, FineTuneCrashError):
-                raise FineTuneCrashError(f"the fine-tune of {run.job} failed: {result}")
+                raise FineTuneCrashError(
+                    f"the fine-tune of {run.job} failed: {result} (its traceback is above)"
+                )
             if isinstance(result, BaseException):
                 raise result
+            code = run.process.exitcode
+            why = f"killed by signal {-code}: out of memory?" if code < 0 else f"exit code {code}"
             raise FineTuneCrashError(
-                f"the fine-tune of {run.job} ended without results (exit code "
-                f"{run.process.exitcode}: killed, or out of memory?); its log is above"
+                f"the fine-tune of {run.job} ended without results ({why}); its log is above"
             )
         return out
 

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from pipeline.finetune.results import FinetuneResults, read_record, write_record
 from pipeline.run.errors import ResultsError
+from pipeline.run.launcher import override_key
 from pipeline.suites.seeds import summarize_seeds
 from tokenizer import write_text_atomic
 
@@ -80,9 +81,7 @@ class SweepRow:
 def setting_of(overrides: list[str], common: set[str] = frozenset()) -> str:
     """The overrides that define a setting: all but the seed and those every job shares,
     sorted ("" when only seeds vary)."""
-    kept = [
-        o for o in overrides if o not in common and o.split("=", 1)[0].lstrip("+~") not in SEED_KEYS
-    ]
+    kept = [o for o in overrides if o not in common and override_key(o) not in SEED_KEYS]
     return " ".join(sorted(kept))
 
 

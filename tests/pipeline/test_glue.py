@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
@@ -442,15 +443,37 @@ def test_a_suite_side_by_side_gives_the_results_of_one_at_a_time(tmp_path, monke
     assert not [p for p in multiprocessing.active_children() if "Spawn" in p.name]  # none left
 
 
-def test_an_unexpected_error_in_a_fine_tunes_process_is_named_in_one_line(capfd):
+def test_an_unexpected_error_in_a_fine_tunes_process_is_one_line_naming_it(monkeypatch, capfd):
     """Not a user error: the fine-tune's process prints the traceback, where it happened, and
-    the suite's error names the fine-tune (one line, so no second traceback from the suite)."""
-    runner = runners.SideBySide(source=None, jobs=1)
-    runner.start("rte/pretrained-seed1", OmegaConf.create({"ckpt": "x", "trainer": {}}))
-    with pytest.raises(FineTuneCrashError) as crashed:
-        runner.drain()
-    message = str(crashed.value)
-    assert message.startswith("the fine-tune of rte/pretrained-seed1 failed: ")
-    assert message.endswith("(its traceback is above)") and "\n" not in message
-    assert "Traceback (most recent call last)" in capfd.readouterr().err  # the child's
+    sends its first line; the suite names the fine-tune in one line (no second traceback)."""
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("the first line\nthe second")
+
+    monkeypatch.setattr(runners, "finetune", crash)
+    receive, send = multiprocessing.Pipe(duplex=False)
+    with pytest.raises(SystemExit):
+        runners._fine_tune({}, None, None, 1, send)
+    sent = receive.recv()
+    assert isinstance(sent, FineTuneCrashError)
+    assert str(sent) == "RuntimeError: the first line"
+    assert "Traceback (most recent call last)" in capfd.readouterr().err
+
+    runner, said = runners.SideBySide(source=None, jobs=2), []
+    for job, what in (("rte/pretrained-seed1", sent), ("rte/scratch-seed1", None)):
+        receive, send = runner.context.Pipe(duplex=False)
+        # a process that sends what a fine-tune's process would, or ends without a word
+        target, args = (send.send, (what,)) if what else (os._exit, (3,))
+        process = runner.context.Process(target=target, args=args)
+        process.start()
+        send.close()
+        runner.running = [runners.Running(process, receive, Path(job))]
+        with pytest.raises(FineTuneCrashError) as crashed:
+            runner.drain()
+        said.append(str(crashed.value))
+    assert said == [
+        "the fine-tune of rte/pretrained-seed1 failed: RuntimeError: the first line (its "
+        "traceback is above)",
+        "the fine-tune of rte/scratch-seed1 ended without results (exit code 3); its log is above",
+    ]
     assert not [p for p in multiprocessing.active_children() if "Spawn" in p.name]

@@ -174,5 +174,11 @@ def test_output_dir_on_the_command_line_is_the_whole_run_folder(tmp_path):
     assert not (REPO / "None").exists() and not (tmp_path / "out").exists()
     # a sweep's jobs each have a folder: one DIR for all of them is refused before any job
     sweep = run_pretrain(tmp_path, *run[:2], f"paths.output_dir={tmp_path}/s", "seed=1,2", "-m")
-    assert sweep.returncode == 2 and "give hydra.sweep.dir=DIR" in sweep.stderr, sweep.stderr
+    assert sweep.returncode == 2, sweep.stderr
+    assert f"give hydra.sweep.dir={tmp_path}/s)" in sweep.stderr
     assert not (tmp_path / "s").exists() and not (tmp_path / "out").exists()
+    # a sweep's folder is named by hydra.sweep.dir, and so is the fix of a second one into it
+    sweep = (*run[:2], "logger=csv", f"hydra.sweep.dir={tmp_path}/s", "seed=1", "-m")
+    assert run_pretrain(tmp_path, *sweep).returncode == 0
+    again = run_pretrain(tmp_path, *sweep)
+    assert again.returncode == 2 and "choose another hydra.sweep.dir=" in again.stderr
