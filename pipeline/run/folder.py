@@ -14,7 +14,8 @@ checks that need nothing but the command line before Hydra writes anything:
 - `paths.output_dir=DIR` names the run folder itself: Hydra's folder follows it
   (`follow_output_dir`); a sweep, whose jobs each have a folder, refuses it;
 - a fresh run into a folder that holds a run is refused (`refuse_overwrite`, which the commands
-  also call themselves, for runs started without Hydra);
+  also call themselves, for runs started without Hydra), and so is a fresh sweep into a sweep
+  folder whose job folders hold runs, before any job;
 - a resumed pretraining run (or `make glue` suite) keeps the first attempt's `.hydra/` record
   and writes its own into `.hydra/resume-<time>/`, so a resume refused later (a checkpoint that
   does not fit the config) leaves the record of the trained run in place.
@@ -110,7 +111,9 @@ class RunFolderGuard(Callback):
         self.command = command
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """A sweep runs each job in a folder of its own, under `hydra.sweep.dir`."""
+        """A sweep runs each job in a folder of its own, `<hydra.sweep.dir>/<job number>`.
+        A fresh sweep into a sweep folder whose jobs hold runs is refused here, before any
+        job: Hydra writes a job's record before the job's own checks could refuse it."""
         folder = output_dir_given(config)
         if folder is not None:
             there = folder if folder and "," not in folder else "DIR"
@@ -120,6 +123,15 @@ class RunFolderGuard(Callback):
                 f"out (and, to put the jobs' folders in {there}, give hydra.sweep.dir={there})",
                 file=sys.stderr,
             )
+            sys.exit(2)
+        HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in the folder name
+        sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
+        jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir()) if sweep_dir.is_dir() else []
+        try:
+            for job_dir in jobs:
+                refuse_overwrite(self.command, job_dir, config.get("resume"))
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:

@@ -180,5 +180,7 @@ def test_output_dir_on_the_command_line_is_the_whole_run_folder(tmp_path):
     # a sweep's folder is named by hydra.sweep.dir, and so is the fix of a second one into it
     sweep = (*run[:2], "logger=csv", f"hydra.sweep.dir={tmp_path}/s", "seed=1", "-m")
     assert run_pretrain(tmp_path, *sweep).returncode == 0
-    again = run_pretrain(tmp_path, *sweep)
+    record = (tmp_path / "s/0/.hydra/config.yaml").read_text()
+    again = run_pretrain(tmp_path, *sweep[:-1], "optim.lr=0.5", "-m")
     assert again.returncode == 2 and "choose another hydra.sweep.dir=" in again.stderr
+    assert (tmp_path / "s/0/.hydra/config.yaml").read_text() == record  # refused before Hydra wrote
