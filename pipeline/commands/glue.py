@@ -20,7 +20,7 @@ import pipeline.pretrain.families  # noqa: F401 (registers BERT and GPT for the 
 from pipeline.run.cli import entry_point, make_command, unknown_choice, user_errors
 from pipeline.run.errors import ConfigError, FineTuneCrashError
 from pipeline.run.folder import first_process
-from pipeline.run.launcher import command_overrides
+from pipeline.run.launcher import command_overrides, override_key
 from pipeline.suites.glue import run_suite
 from pipeline.suites.summary import SUMMARY
 
@@ -39,7 +39,7 @@ def main(cfg: DictConfig) -> float:
         overrides = command_overrides()
         resume = make_command(
             "glue",
-            [*(o for o in overrides if not o.startswith("run_name=")), f"run_name={cfg.run_name}"],
+            [*(o for o in overrides if override_key(o) != "run_name"), f"run_name={cfg.run_name}"],
         )
         try:
             summary = run_suite(cfg, load_task, overrides)
