@@ -7,7 +7,8 @@ overwritten. `RunFolderGuard`, a Hydra callback of `make pretrain` and `make fin
 checks that need nothing but the command line before Hydra writes anything:
 
 - the folder is taken for this run (`pipeline/run/lock.py`): a second command for a folder
-  in use stops with one line naming the other's pid and host;
+  in use stops with one line naming the other's pid and host; a sweep takes its sweep folder
+  for the whole sweep, and each job its own folder;
 - a process of a multi-node run other than the first writes no record and logs to a file of
   its own (`own_log_file`);
 - `run_name` is one folder name (no `/`, `..`), so a run stays under `outputs/<model>/`;
@@ -16,9 +17,10 @@ checks that need nothing but the command line before Hydra writes anything:
 - a fresh run into a folder that holds a run is refused (`refuse_overwrite`, which the commands
   also call themselves, for runs started without Hydra), and so is a fresh sweep into a sweep
   folder whose job folders hold runs, before any job;
-- a resumed pretraining run (or `make glue` suite) keeps the first attempt's `.hydra/` record
-  and writes its own into `.hydra/resume-<time>/`, so a resume refused later (a checkpoint that
-  does not fit the config) leaves the record of the trained run in place.
+- a resumed pretraining run (or `make glue` suite, or pretraining sweep) keeps the first
+  attempt's `.hydra/` record and writes its own into `.hydra/resume-<time>/`, so a resume
+  refused later (a checkpoint that does not fit the config) leaves the record of the trained
+  run in place.
 
 An attempt refused after Hydra made its folder (a checkpoint that does not exist, a config value
 that the command's own checks refuse) leaves no empty folder behind: `remove_unused_run_folder`,
@@ -127,12 +129,47 @@ class RunFolderGuard(Callback):
         HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in the folder name
         sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
         jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir()) if sweep_dir.is_dir() else []
+        resume = config.get("resume")
         try:
+            # the whole sweep folder, for the whole sweep: a second sweep into it is refused
+            # before Hydra writes its record or any job's
+            lock_run_folder(sweep_dir, self.command, "hydra.sweep.dir=")
             for job_dir in jobs:
-                refuse_overwrite(self.command, job_dir, config.get("resume"))
+                refuse_overwrite(self.command, job_dir, resume)
         except ConfigError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
+        if self.command == "pretrain" and any(resumes_a_run(job, resume) for job in jobs):
+            # each job is composed again from the sweep's Hydra overrides: with this one, a
+            # resumed job writes its record beside the first attempt's, as a resumed run does
+            stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+            with read_write(config.hydra), open_dict(config.hydra):
+                config.hydra.overrides.hydra.append(
+                    f"hydra.output_subdir={RECORD_DIR}/resume-{stamp}"
+                )
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A sweep's job takes its own folder's lock too (a single run into it meanwhile is
+        refused), and a job that a resumed sweep starts afresh keeps its record as a first
+        attempt's, in `.hydra/`."""
+        if config.hydra.mode != RunMode.MULTIRUN or not first_process():
+            return
+        job_dir = Path(config.hydra.runtime.output_dir)
+        try:
+            lock_run_folder(job_dir, self.command, "hydra.sweep.dir=")
+        except RunFolderBusyError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        subdir = config.hydra.output_subdir
+        if subdir not in (None, RECORD_DIR) and not (job_dir / RECORD_DIR / "config.yaml").exists():
+            for record in (job_dir / subdir).glob("*.yaml"):
+                partial = job_dir / RECORD_DIR / f".{record.name}.partial"
+                shutil.copyfile(record, partial)
+                partial.replace(job_dir / RECORD_DIR / record.name)
+
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode == RunMode.MULTIRUN and first_process():
+            release_run_folder(Path(config.hydra.runtime.output_dir))
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:

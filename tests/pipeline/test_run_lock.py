@@ -184,3 +184,24 @@ def test_output_dir_on_the_command_line_is_the_whole_run_folder(tmp_path):
     again = run_pretrain(tmp_path, *sweep[:-1], "optim.lr=0.5", "-m")
     assert again.returncode == 2 and "choose another hydra.sweep.dir=" in again.stderr
     assert (tmp_path / "s/0/.hydra/config.yaml").read_text() == record  # refused before Hydra wrote
+    # a resumed sweep keeps each job's first record and writes its own beside it; a job that it
+    # starts afresh keeps its record as a first attempt's
+    resumed = run_pretrain(
+        tmp_path, *sweep[:-2], "seed=1,2", "trainer.max_steps=7", "resume=auto", "-m"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (tmp_path / "s/0/.hydra/config.yaml").read_text() == record
+    (attempt,) = (tmp_path / "s/0/.hydra").glob("resume-*/config.yaml")
+    assert "max_steps: 7" in attempt.read_text()
+    assert "max_steps: 7" in (tmp_path / "s/1/.hydra/config.yaml").read_text()
+    # a second sweep into the folder while a sweep runs there is refused before it writes
+    holder = hold_lock(tmp_path / "s")
+    before = files_and_times(tmp_path / "s")
+    try:
+        busy = run_pretrain(tmp_path, *sweep[:-1], "resume=auto", "-m")
+        assert files_and_times(tmp_path / "s") == before
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert busy.returncode == 2 and "is in use by pid" in busy.stderr, busy.stderr[-3000:]
+    assert "choose another hydra.sweep.dir=" in busy.stderr
