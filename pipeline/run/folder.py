@@ -7,8 +7,9 @@ overwritten. `RunFolderGuard`, a Hydra callback of `make pretrain` and `make fin
 checks that need nothing but the command line before Hydra writes anything:
 
 - the folder is taken for this run (`pipeline/run/lock.py`): a second command for a folder
-  in use stops with one line naming the other's pid and host; a sweep takes its sweep folder
-  for the whole sweep, and each job its own folder;
+  in use stops with one line naming the other's pid and host; a sweep holds its sweep folder
+  and the job folders already there for the whole sweep (a job folder that the sweep makes is
+  held from its job's start, just after Hydra writes its record there);
 - a process of a multi-node run other than the first writes no record and logs to a file of
   its own (`own_log_file`);
 - `run_name` is one folder name (no `/`, `..`), so a run stays under `outputs/<model>/`;
@@ -46,6 +47,7 @@ from pipeline.run.config_keys import check_run_name
 from pipeline.run.errors import ConfigError, RunFolderBusyError
 from pipeline.run.launcher import launcher_rank, override_key
 from pipeline.run.lock import LOCK_FILE, lock_run_folder, release_run_folder
+from tokenizer.cache import write_text_atomic
 
 Command = Literal["pretrain", "finetune", "glue"]
 RESULTS = "results.json"
@@ -126,17 +128,22 @@ class RunFolderGuard(Callback):
                 file=sys.stderr,
             )
             sys.exit(2)
+        if not first_process():  # the other processes of a run leave its folder to the first
+            return
         HydraConfig.instance().set_config(config)  # resolves ${hydra:...} in the folder name
         sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
         jobs = sorted(p for p in sweep_dir.iterdir() if p.is_dir()) if sweep_dir.is_dir() else []
         resume = config.get("resume")
         try:
-            # the whole sweep folder, for the whole sweep: a second sweep into it is refused
-            # before Hydra writes its record or any job's
-            lock_run_folder(sweep_dir, self.command, "hydra.sweep.dir=")
-            for job_dir in jobs:
+            for job_dir in jobs:  # refused before the locks too, leaving the folder as it was
                 refuse_overwrite(self.command, job_dir, resume)
-        except ConfigError as err:
+            # the sweep folder and the job folders there, for the whole sweep: a second sweep
+            # into it, or a run in one of its jobs' folders, stops it before Hydra writes there
+            for folder in (sweep_dir, *jobs):
+                lock_run_folder(folder, self.command, "hydra.sweep.dir=")
+            for job_dir in jobs:  # and again: a run that held a job's folder may have trained
+                refuse_overwrite(self.command, job_dir, resume)
+        except (ConfigError, OSError) as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
         if self.command == "pretrain" and any(resumes_a_run(job, resume) for job in jobs):
@@ -149,23 +156,23 @@ class RunFolderGuard(Callback):
                 )
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """A sweep's job takes its own folder's lock too (a single run into it meanwhile is
-        refused), and a job that a resumed sweep starts afresh keeps its record as a first
-        attempt's, in `.hydra/`."""
+        """A sweep's job holds its folder while it runs (a folder made by the sweep was not
+        there to be locked before it). A job that a resumed sweep starts afresh keeps its
+        record as a first attempt's, in `.hydra/`."""
         if config.hydra.mode != RunMode.MULTIRUN or not first_process():
             return
         job_dir = Path(config.hydra.runtime.output_dir)
         try:
             lock_run_folder(job_dir, self.command, "hydra.sweep.dir=")
-        except RunFolderBusyError as err:
+        except (RunFolderBusyError, OSError) as err:  # a run that took a new job's folder
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
         subdir = config.hydra.output_subdir
-        if subdir not in (None, RECORD_DIR) and not (job_dir / RECORD_DIR / "config.yaml").exists():
-            for record in (job_dir / subdir).glob("*.yaml"):
-                partial = job_dir / RECORD_DIR / f".{record.name}.partial"
-                shutil.copyfile(record, partial)
-                partial.replace(job_dir / RECORD_DIR / record.name)
+        first = job_dir / RECORD_DIR
+        if subdir not in (None, RECORD_DIR) and not (first / "config.yaml").exists():
+            # config.yaml last: its presence says the record is whole
+            for name in ("overrides.yaml", "hydra.yaml", "config.yaml"):
+                write_text_atomic(first / name, (job_dir / subdir / name).read_text())
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN and first_process():

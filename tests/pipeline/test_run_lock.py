@@ -100,6 +100,11 @@ def files_and_times(folder: Path) -> dict[Path, int]:
     return {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
 
 
+def files_but_locks(folder: Path) -> dict[Path, int]:
+    """`files_and_times` but the lock files, which a refused sweep may have held for a moment."""
+    return {p: t for p, t in files_and_times(folder).items() if p.name != LOCK_FILE}
+
+
 def test_two_runs_into_one_folder_the_second_refused_the_first_as_if_alone(tmp_path):
     """Two `make pretrain run_name=cc` (other learning rates), the second started while the first
     holds the folder: the second is refused with one line naming the first's pid and host, before
@@ -194,14 +199,17 @@ def test_output_dir_on_the_command_line_is_the_whole_run_folder(tmp_path):
     (attempt,) = (tmp_path / "s/0/.hydra").glob("resume-*/config.yaml")
     assert "max_steps: 7" in attempt.read_text()
     assert "max_steps: 7" in (tmp_path / "s/1/.hydra/config.yaml").read_text()
-    # a second sweep into the folder while a sweep runs there is refused before it writes
-    holder = hold_lock(tmp_path / "s")
-    before = files_and_times(tmp_path / "s")
-    try:
-        busy = run_pretrain(tmp_path, *sweep[:-1], "resume=auto", "-m")
-        assert files_and_times(tmp_path / "s") == before
-    finally:
-        holder.stdin.close()
-        holder.wait()
-    assert busy.returncode == 2 and "is in use by pid" in busy.stderr, busy.stderr[-3000:]
-    assert "choose another hydra.sweep.dir=" in busy.stderr
+    # a sweep into the folder while another sweep runs there, or a run in one of its job
+    # folders, is refused before it writes
+    for held in ("s", "s/1"):
+        holder = hold_lock(tmp_path / held)
+        before = files_but_locks(tmp_path / "s")
+        try:
+            busy = run_pretrain(tmp_path, *sweep[:-1], "resume=auto", "-m")
+            assert files_but_locks(tmp_path / "s") == before, held
+        finally:
+            holder.stdin.close()
+            holder.wait()
+        assert busy.returncode == 2 and "is in use by pid" in busy.stderr, busy.stderr[-3000:]
+        assert f"{tmp_path / held} is in use" in busy.stderr
+        assert "choose another hydra.sweep.dir=" in busy.stderr
