@@ -12,6 +12,8 @@ import logging
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.checkpoint.interrupt import TrainingAborted, TrainingInterrupted
@@ -32,9 +34,26 @@ log = logging.getLogger(__name__)
 
 
 def resumed_overrides(run_name: str) -> list[str]:
-    """This run's overrides, naming its run and resuming it."""
+    """This run's overrides, naming its run and resuming it. A sweep's job is continued with
+    its sweep: the sweep's command line, naming its folder, so that the finished jobs are
+    kept and the stopped one and those after it run (a job's own overrides and `run_name`
+    would start a run in a new folder)."""
+    sweep = sweep_folder()
+    if sweep is not None:
+        typed = [a for a in sys.argv[1:] if not a.startswith("-")]  # not -m, --multirun
+        kept = [o for o in typed if override_key(o) not in ("hydra.sweep.dir", "resume")]
+        return [*kept, f"hydra.sweep.dir={sweep}", "resume=auto"]
     kept = [o for o in command_overrides() if override_key(o) not in ("run_name", "resume")]
     return [*kept, f"run_name={run_name}", "resume=auto"]
+
+
+def sweep_folder() -> str | None:
+    """The folder of the sweep this job belongs to, or None outside a sweep."""
+    try:
+        hydra = HydraConfig.get()
+    except ValueError:  # not in a Hydra job
+        return None
+    return str(hydra.sweep.dir) if hydra.mode == RunMode.MULTIRUN else None
 
 
 def stop_with(cfg: DictConfig, said: str, exit_code: int, *, tell: bool = True) -> None:

@@ -343,3 +343,23 @@ def test_resume_of_another_finished_run_is_refused_and_the_fix_pastes(finished_r
     assert files_of(done) == before
     trained = finished_run / "out/gpt-tiny/onward/checkpoints/last.ckpt"
     assert torch.load(trained, weights_only=True)["global_step"] == 6
+
+
+def test_a_sweep_stopped_in_a_job_is_continued_in_its_folder_by_the_pasted_command(finished_run):
+    """A sweep's job ends early: the command given continues the sweep in its own folder (the
+    stopped job and the one after it), not a run of the job's overrides in a new folder."""
+    sweep_dir = finished_run / "sweep"
+    runs = finished_run / "out/gpt-tiny"
+    before = sorted(runs.iterdir())
+    sweep = (*GPT_RUN, "trainer.max_steps=4", "seed=1,2", f"hydra.sweep.dir={sweep_dir}", "-m")
+    aborted = run_pretrain(finished_run, *sweep, entry="tests.pipeline.ctrl_c_twice_pretrain")
+    assert aborted.returncode == 130, aborted.stderr[-3000:]
+    last = aborted.stderr.strip().splitlines()[-1]
+    assert " seed=1,2 " in last and last.endswith(f"hydra.sweep.dir={sweep_dir} resume=auto")
+    assert not (sweep_dir / "1").exists()
+    resumed = pasted(aborted.stderr)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for job in ("0", "1"):
+        last_save = torch.load(sweep_dir / job / "checkpoints/last.ckpt", weights_only=True)
+        assert last_save["global_step"] == 4, job
+    assert sorted(runs.iterdir()) == before  # no run of its own for the job
