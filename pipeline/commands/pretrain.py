@@ -12,8 +12,6 @@ import logging
 import sys
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.checkpoint.interrupt import TrainingAborted, TrainingInterrupted
@@ -21,7 +19,7 @@ from pipeline.pretrain.checks import check_config
 from pipeline.pretrain.run import train
 from pipeline.run.cli import entry_point, make_command, user_errors
 from pipeline.run.errors import DiskFullError, PeerLostError
-from pipeline.run.folder import first_process
+from pipeline.run.folder import first_process, sweep_folder
 from pipeline.run.launcher import (
     command_overrides,
     group_choices,
@@ -45,15 +43,6 @@ def resumed_overrides(run_name: str) -> list[str]:
         return [*kept, f"hydra.sweep.dir={sweep}", "resume=auto"]
     kept = [o for o in command_overrides() if override_key(o) not in ("run_name", "resume")]
     return [*kept, f"run_name={run_name}", "resume=auto"]
-
-
-def sweep_folder() -> str | None:
-    """The folder of the sweep this job belongs to, or None outside a sweep."""
-    try:
-        hydra = HydraConfig.get()
-    except ValueError:  # not in a Hydra job
-        return None
-    return str(hydra.sweep.dir) if hydra.mode == RunMode.MULTIRUN else None
 
 
 def stop_with(cfg: DictConfig, said: str, exit_code: int, *, tell: bool = True) -> None:

@@ -90,13 +90,27 @@ def another_folder() -> str:
     """The key that names another run folder in the fix of a refusal: `hydra.sweep.dir=` for a
     sweep's job (its folder is `<sweep dir>/<job number>`), `paths.output_dir=` when the
     command line named the folder itself (`follow_output_dir`), else `run_name=`."""
+    if sweep_folder() is not None:
+        return "hydra.sweep.dir="
     try:
         hydra = HydraConfig.get()
     except ValueError:  # not in a Hydra job
         return "run_name="
-    if hydra.mode == RunMode.MULTIRUN:
-        return "hydra.sweep.dir="
     return "run_name=" if output_dir_given(hydra) is None else "paths.output_dir="
+
+
+def sweep_folder() -> str | None:
+    """The folder of the sweep this Hydra job belongs to, or None outside a sweep."""
+    try:
+        hydra = HydraConfig.get()
+    except ValueError:  # not in a Hydra job
+        return None
+    return str(hydra.sweep.dir) if hydra.mode == RunMode.MULTIRUN else None
+
+
+def resume_record_dir() -> str:
+    """Where a resumed attempt writes its Hydra record: beside the first attempt's."""
+    return f"{RECORD_DIR}/resume-{datetime.now().strftime('%Y-%m-%d_%H-%M-%S')}"
 
 
 def resumes_a_run(run_dir: Path, resume: Any) -> bool:
@@ -149,11 +163,8 @@ class RunFolderGuard(Callback):
         if self.command == "pretrain" and any(resumes_a_run(job, resume) for job in jobs):
             # each job is composed again from the sweep's Hydra overrides: with this one, a
             # resumed job writes its record beside the first attempt's, as a resumed run does
-            stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
             with read_write(config.hydra), open_dict(config.hydra):
-                config.hydra.overrides.hydra.append(
-                    f"hydra.output_subdir={RECORD_DIR}/resume-{stamp}"
-                )
+                config.hydra.overrides.hydra.append(f"hydra.output_subdir={resume_record_dir()}")
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A sweep's job holds its folder while it runs (a folder made by the sweep was not
@@ -213,9 +224,8 @@ class RunFolderGuard(Callback):
         if (self.command == "pretrain" and resumes_a_run(run_dir, config.get("resume"))) or (
             self.command == "glue" and (run_dir / SUITE_RECORD).is_file()
         ):
-            stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
             with read_write(config.hydra), open_dict(config.hydra):
-                config.hydra.output_subdir = f"{RECORD_DIR}/resume-{stamp}"
+                config.hydra.output_subdir = resume_record_dir()
 
 
 def output_dir_given(hydra: DictConfig) -> str | None:
