@@ -74,9 +74,10 @@ def score_blimp(cfg: DictConfig) -> None:
             "pairs; drop one of them"
         )
     source = resolve_checkpoint(cfg.ckpt)
+    path = report_path(source, cfg.suite, cfg.out)  # a wrong out= fails before the scoring
     report = evaluate_blimp(source, cfg.suite, resolve_device(cfg.device))
     print(report.table())
-    markdown = write_report(report, report_path(source, cfg.suite, cfg.out))
+    markdown = write_report(report, path)
     print(f"written: {markdown.with_suffix('.json')} and {markdown}", file=sys.stderr)
 
 

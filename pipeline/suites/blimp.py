@@ -286,9 +286,20 @@ def evaluate_blimp(
 
 def report_path(source: CheckpointSource, settings: DictConfig, out: str | None) -> Path:
     """Where the JSON goes (the markdown beside it): `out`, else the run's folder, named by the
-    settings that change the figures (`blimp.json` for the whole set scored the default way)."""
+    settings that change the figures (`blimp.json` for the whole set scored the default way).
+
+    Raises:
+        ConfigError: `out` does not end in .json (an `out=x.md` would have had the table
+            written over the JSON).
+    """
     if out:
-        return Path(out)
+        path = Path(out)
+        if path.suffix != ".json":
+            raise ConfigError(
+                f"out={out}: out names the JSON record, and the markdown table is written beside "
+                f"it as .md; give a .json path: out={path.with_suffix('.json')}"
+            )
+        return path
     parts = ["blimp"]
     if settings.pairs is not None:
         parts.append(f"pairs{settings.pairs}")

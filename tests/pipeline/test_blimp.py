@@ -30,7 +30,13 @@ from pipeline.pretrain import documents
 from pipeline.pretrain.documents import run_training_text
 from pipeline.report import write_report
 from pipeline.run.errors import ConfigError, ResultsError
-from pipeline.suites.blimp import NGRAM_CACHE, check_settings, ngram_row, random_twin
+from pipeline.suites.blimp import (
+    NGRAM_CACHE,
+    check_settings,
+    ngram_row,
+    random_twin,
+    report_path,
+)
 from tests.conftest import CLI_ENV, REPO, run_command, run_pretrain
 from tests.pipeline.smoke_runs import copy_run, smoke_run
 from tests.pipeline.test_cli import make_repo
@@ -308,6 +314,23 @@ def test_settings_that_would_fail_late_fail_first(override, message):
     settings.merge_with(override)
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_settings(settings, 8192)
+
+
+def test_out_must_name_the_json_record_that_the_table_goes_beside(tmp_path, tmp_path_factory):
+    settings = OmegaConf.load(REPO / "conf" / "suite" / "blimp.yaml")
+    assert report_path(None, settings, str(tmp_path / "b.json")) == tmp_path / "b.json"
+    # out=b.md would have written the JSON and then the table over it, both to b.md; it is
+    # refused before any scoring, with the .json path to give instead
+    run = smoke_run(tmp_path_factory, "gpt-tiny")
+    result = run_command(
+        "pipeline.commands.evaluate_lm",
+        f"ckpt={run.folder}",
+        "suite=blimp",
+        f"out={tmp_path / 'b.md'}",
+    )
+    assert result.returncode != 0
+    assert f"give a .json path: out={tmp_path / 'b.json'}" in result.stderr
+    assert "pairs with the model" not in result.stderr and not list(tmp_path.iterdir())
 
 
 # --- the twin ----------------------------------------------------------------------------------
