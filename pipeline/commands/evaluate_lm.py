@@ -78,7 +78,7 @@ def score_blimp(cfg: DictConfig) -> None:
     report = evaluate_blimp(source, cfg.suite, resolve_device(cfg.device))
     print(report.table())
     markdown = write_report(report, path)
-    print(f"written: {markdown.with_suffix('.json')} and {markdown}", file=sys.stderr)
+    print(f"written: {path} and {markdown}", file=sys.stderr)
 
 
 if __name__ == "__main__":
