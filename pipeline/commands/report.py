@@ -4,6 +4,7 @@ python -m pipeline.commands.report outputs/gpt/wiki                   # one run
 python -m pipeline.commands.report outputs/gpt/wiki,outputs/gpt/wiki2 # overlaid
 python -m pipeline.commands.report outputs/bert/wiki --out /tmp/report
 python -m pipeline.commands.report outputs/glue/a,outputs/glue/b  # suites: one table, printed
+python -m pipeline.commands.report outputs/gpt/a,outputs/gpt/b    # their BLiMP compared, printed
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for summary in report.suites:
         print(f"suite of {summary.ckpt} ({', '.join(summary.folders)}):\n{summary.table()}\n")
+    for compared in report.blimp_compared:
+        print(f"BLiMP across runs ({compared.name}):\n{compared.table()}")
     for note in report.notes:
         print(f"note: {note}")
     names = ", ".join(p.name for p in report.plots)

@@ -173,6 +173,17 @@ class BlimpScores:
             )
         return out
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> BlimpScores:
+        """The row that `record` wrote (a row of a `blimp*.json` record)."""
+        return cls(
+            record["name"],
+            dict(record["phenomena"]),
+            dict(record["terms"]),
+            record["overall"],
+            record.get("pairs", 0),
+        )
+
     def record(self) -> dict[str, Any]:
         """The figures, for JSON (without the per-pair answers)."""
         return {

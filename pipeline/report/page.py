@@ -35,12 +35,14 @@ from pipeline.report.runs import (
     finetune_groups,
 )
 from pipeline.report.tables import (
+    blimp_comparison_table,
     blimp_table,
     config_table,
     final_metrics_table,
     finetune_tables,
     suite_table,
 )
+from pipeline.suites.blimp import RunsCompared, compare_runs
 from pipeline.suites.summary import SuiteSummary
 
 
@@ -52,6 +54,7 @@ class Report:
     plots: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     suites: list[SuiteSummary] = field(default_factory=list)  # the tables of `make glue` folders
+    blimp_compared: list[RunsCompared] = field(default_factory=list)  # runs' BLiMP side by side
 
 
 class _Builder:
@@ -150,6 +153,13 @@ def _pretrain_section(builder: _Builder, runs: list[PretrainRun]) -> None:
             builder.raw(blimp_table(record))
             png = f"{run.label.replace('/', '_')}-{stem}"
             builder.plot(png, title, lambda p, r=record: plot_blimp(r, p), "")
+    compared, left_out = compare_runs({run.label: run.blimp for run in runs})
+    builder.report.blimp_compared = compared
+    for comparison in compared:
+        builder.heading(f"BLiMP across runs ({comparison.name})")
+        builder.raw(blimp_comparison_table(comparison))
+    for line in left_out:
+        builder.note(line)
     builder.heading("Final metrics")
     builder.raw(final_metrics_table(runs))
     builder.heading("Configuration")

@@ -10,6 +10,7 @@ import numpy as np
 
 from pipeline.report.plots import smoothing_window
 from pipeline.report.runs import MFU, SKIPPED, TOKENS_PER_S, FinetuneRun, PretrainRun
+from pipeline.suites.blimp import RunsCompared
 from pipeline.suites.seeds import summarize_seeds
 from pipeline.suites.summary import SuiteSummary
 
@@ -83,6 +84,17 @@ def blimp_table(record: dict[str, Any]) -> str:
     body = [["overall", *(round(r["overall"], 1) for r in rows)]]
     body += [[term, *(_one_decimal(r["terms"].get(term)) for r in rows)] for term in terms]
     return table(["accuracy (%)", *(r["name"] for r in rows)], body)
+
+
+def blimp_comparison_table(compared: RunsCompared) -> str:
+    """The model rows of one BLiMP record in several runs (`RunsCompared`): a column per run,
+    overall, each linguistic term, and each run minus the first over phenomena."""
+    rows = compared.rows
+    body = [["overall", *(round(r.overall, 1) for r in rows)]]
+    body += [[term, *(round(r.terms[term], 1) for r in rows)] for term in rows[0].terms]
+    differences = ["" if d is None else d.text() for d in compared.versus_first]
+    body.append([f"minus {compared.labels[0]} (95% interval over phenomena)", *differences])
+    return table(["accuracy (%)", *compared.labels], body)
 
 
 def _one_decimal(value: float | None) -> float | None:

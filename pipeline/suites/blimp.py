@@ -45,6 +45,7 @@ from tokenizer.cache import write_text_atomic
 MODEL, TWIN = "model", "random twin"
 NGRAM_CACHE = "ngram"  # the n-gram row's cached scores, in the cache folder (`paths.cache_dir`)
 DEFAULT_PLL = "word_l2r"
+ROW_KEYS = {"name", "overall", "terms", "phenomena"}  # what a record's row holds
 
 
 @dataclass
@@ -321,7 +322,12 @@ def read_reports(folder: Path) -> dict[str, dict[str, Any]]:
         try:
             record = json.loads(path.read_text())
             rows = record["rows"]
-            if not rows or not all({"name", "overall", "terms"} <= row.keys() for row in rows):
+            # the model's row first, then the others, as `evaluate_blimp` writes them
+            if (
+                not rows
+                or rows[0]["name"] != MODEL
+                or not all(ROW_KEYS.issubset(row) for row in rows)
+            ):
                 raise KeyError("rows")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise ResultsError(
@@ -341,3 +347,102 @@ def write_report(report: BlimpReport, path: Path) -> Path:
     title = f"# BLiMP: {report.source}\n\n"
     write_text_atomic(markdown, title + report.table())
     return markdown
+
+
+@dataclass(frozen=True)
+class RunsCompared:
+    """The model rows of one BLiMP record (`name`: `blimp.json`, `blimp-pairs100.json`, ...)
+    in several runs, each against the first run's: how a change to a run (a learning rate, a
+    width, a corpus) moved BLiMP, with an interval over phenomena rather than by its overall
+    figure alone.
+
+    Attributes:
+        name: the record's file name, the same in every run.
+        labels: the runs, the first the one the others are compared against.
+        rows: each run's model row.
+        versus_first: each run's overall accuracy minus the first's, with a 95% t interval
+            over the phenomena (paired: the same phenomena, the same pairs); None for the first.
+    """
+
+    name: str
+    labels: list[str]
+    rows: list[BlimpScores]
+    versus_first: list[PairedDifference | None]
+
+    def table(self) -> str:
+        """Markdown: a column per run, overall, each linguistic term, then the differences."""
+        lines = [
+            "| | " + " | ".join(self.labels) + " |",
+            "|---|" + "---:|" * len(self.rows),
+            "| **overall** | " + " | ".join(f"**{r.overall:.1f}**" for r in self.rows) + " |",
+        ]
+        for term in self.rows[0].terms:
+            lines.append(
+                f"| {term} | " + " | ".join(f"{r.terms[term]:.1f}" for r in self.rows) + " |"
+            )
+        differences = ["" if d is None else d.text() for d in self.versus_first]
+        lines.append(f"| minus {self.labels[0]} | " + " | ".join(differences) + " |")
+        pairs = self.rows[0].pairs
+        note = (
+            f"The model rows of {self.name}: {pairs:,} pairs of {len(self.rows[0].phenomena)} "
+            f"phenomena. Each run minus {self.labels[0]}, with a 95% interval over the "
+            "phenomena (paired)."
+        )
+        return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+def compare_runs(
+    records: dict[str, dict[str, dict[str, Any]]],
+) -> tuple[list[RunsCompared], list[str]]:
+    """The BLiMP records that several runs share, compared (`RunsCompared`), and why any such
+    record was not.
+
+    Args:
+        records: by run label, in order, that run's records by file name (`read_reports`).
+
+    Returns:
+        One comparison per file name that at least two runs hold, among the runs that scored
+        it as the first did (the same method, phenomena and pairs); and a line for each run
+        left out, naming the difference.
+    """
+    compared, left_out = [], []
+    names = dict.fromkeys(name for by_name in records.values() for name in by_name)
+    for name in names:
+        holders = [label for label, by_name in records.items() if name in by_name]
+        if len(holders) < 2:
+            continue
+        first = records[holders[0]][name]
+        first_row = _model_row(first)
+        labels, rows = [holders[0]], [first_row]
+        for label in holders[1:]:
+            record = records[label][name]
+            row = _model_row(record)
+            why = _not_paired(first, first_row, record, row)
+            if why:
+                left_out.append(f"BLiMP {name}: {label} is not compared with {holders[0]}: {why}")
+            else:
+                labels.append(label)
+                rows.append(row)
+        if len(rows) > 1:
+            versus = [None] + [
+                paired_difference(r.phenomena, first_row.phenomena) for r in rows[1:]
+            ]
+            compared.append(RunsCompared(name, labels, rows, versus))
+    return compared, left_out
+
+
+def _model_row(record: dict[str, Any]) -> BlimpScores:
+    return BlimpScores.from_record(record["rows"][0])  # the model's (`read_reports` checks)
+
+
+def _not_paired(
+    first: dict[str, Any], first_row: BlimpScores, other: dict[str, Any], row: BlimpScores
+) -> str | None:
+    """Why `other`'s model row cannot be paired with `first`'s, phenomenon by phenomenon."""
+    if other.get("method") != first.get("method"):
+        return f"scored by {other.get('method')}, not {first.get('method')}"
+    if set(row.phenomena) != set(first_row.phenomena):
+        return "other phenomena"
+    if row.pairs != first_row.pairs:
+        return f"{row.pairs:,} pairs, not {first_row.pairs:,}"
+    return None

@@ -16,7 +16,9 @@ import pytest
 from matplotlib.image import imread
 
 from pipeline.commands.report import main
+from pipeline.infer.blimp import BlimpScores
 from pipeline.report import read_metrics, smooth, write_report
+from pipeline.suites.blimp import BlimpReport
 from tests.conftest import run_command
 from tests.pipeline.smoke_runs import copy_run, smoke_run
 
@@ -256,3 +258,68 @@ def test_bad_paths_are_named_in_one_line(tmp_path, capsys):
     assert "found neither logs/metrics.csv" in err and "results.json" in err
     assert main([","]) == 2
     assert "no run given" in capsys.readouterr().err
+
+
+def write_blimp_record(run: Path, accuracy: dict[str, float], pairs: int, name="blimp.json"):
+    """A run folder with a `make evaluate-lm suite=blimp` record of a model row (the
+    phenomena's accuracies, two of them per linguistic term) and a twin row."""
+    write_metrics(run / "logs" / "metrics.csv", pretrain_rows(10, 5.0))
+    term_of = {uid: f"term{i // 2}" for i, uid in enumerate(accuracy)}
+    rows = []
+    for row_name, values in (("model", accuracy), ("random twin", dict.fromkeys(accuracy, 50.0))):
+        terms = {}
+        for uid, value in values.items():
+            terms.setdefault(term_of[uid], []).append(value)
+        rows.append(
+            BlimpScores(
+                row_name,
+                values,
+                {term: float(np.mean(v)) for term, v in terms.items()},
+                float(np.mean(list(values.values()))),
+                pairs,
+            )
+        )
+    report = BlimpReport(str(run), "causal", rows, {"pairs": None})
+    (run / name).write_text(json.dumps(report.record()))
+
+
+def test_runs_blimp_records_compared_phenomenon_by_phenomenon(tmp_path, capsys):
+    # a screen: the preset and a lever, the same BLiMP record in each run folder
+    preset = {"p1": 60.0, "p2": 70.0, "p3": 55.0, "p4": 80.0}
+    lever = {"p1": 63.0, "p2": 71.0, "p3": 59.0, "p4": 80.0}  # +3, +1, +4, 0: mean +2
+    write_blimp_record(tmp_path / "preset", preset, 4000)
+    write_blimp_record(tmp_path / "lever", lever, 4000)
+    write_blimp_record(tmp_path / "capped", lever, 400)  # 100 pairs each: not paired
+    write_blimp_record(tmp_path / "lever", lever, 400, name="blimp-pairs100.json")  # one run
+    runs = ",".join(str(tmp_path / name) for name in ("preset", "lever", "capped"))
+    assert main([runs, "--out", str(tmp_path / "cmp")]) == 0
+    printed = capsys.readouterr().out
+    # the differences +3, +1, +4, 0: mean 2, sample sd 1.826, t(0.975, 3 df) = 3.182
+    half = 3.182446 * float(np.std([3, 1, 4, 0], ddof=1)) / 2
+    assert f"+2.0 [{2 - half:+.1f}, {2 + half:+.1f}]" == "+2.0 [-0.9, +4.9]"
+    assert "BLiMP across runs (blimp.json):" in printed
+    assert "| **overall** | **66.2** | **68.2** |" in printed
+    assert "| term0 | 65.0 | 67.0 |" in printed and "| term1 | 67.5 | 69.5 |" in printed
+    assert "| minus preset |  | +2.0 [-0.9, +4.9] |" in printed
+    assert "4,000 pairs of 4 phenomena" in printed
+    assert "BLiMP blimp.json: capped is not compared with preset: 400 pairs, not 4,000" in printed
+    assert "blimp-pairs100.json" not in printed.split("BLiMP across runs")[1]  # one run has it
+    page = (tmp_path / "cmp" / "report.html").read_text()
+    assert "<h2>BLiMP across runs (blimp.json)</h2>" in page
+    assert (
+        "<td>minus preset (95% interval over phenomena)</td><td></td><td>+2.0 [-0.9, +4.9]" in page
+    )
+
+    # another method, or other phenomena, are not paired either
+    record = json.loads((tmp_path / "capped" / "blimp.json").read_text())
+    record["method"] = "pll_word_l2r"
+    for row in record["rows"]:
+        row["pairs"] = 4000
+    (tmp_path / "capped" / "blimp.json").write_text(json.dumps(record))
+    write_blimp_record(tmp_path / "fewer", {"p1": 60.0, "p2": 70.0}, 4000)
+    runs += f",{tmp_path / 'fewer'}"
+    assert main([runs, "--out", str(tmp_path / "cmp")]) == 0
+    printed = capsys.readouterr().out
+    assert "capped is not compared with preset: scored by pll_word_l2r, not causal" in printed
+    assert "fewer is not compared with preset: other phenomena" in printed
+    assert "| minus preset |  | +2.0 [-0.9, +4.9] |" in printed  # the two that pair still are
