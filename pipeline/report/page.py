@@ -153,7 +153,7 @@ def _pretrain_section(builder: _Builder, runs: list[PretrainRun]) -> None:
             builder.raw(blimp_table(record))
             png = f"{run.label.replace('/', '_')}-{stem}"
             builder.plot(png, title, lambda p, r=record: plot_blimp(r, p), "")
-    compared, left_out = compare_runs({run.label: run.blimp for run in runs})
+    compared, left_out = compare_runs([(run.label, run.blimp) for run in runs])
     builder.report.blimp_compared = compared
     for comparison in compared:
         builder.heading(f"BLiMP across runs ({comparison.name})")

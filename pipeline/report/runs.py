@@ -164,6 +164,10 @@ def find_runs(
     if not paths:
         raise ReportError("no run given: make report run=outputs/<model>/<run_name>[,PATH2,...]")
     names = [p.name for p in paths]
+    resolved = [p.resolve() for p in paths]
+    for path, where in zip(paths, resolved, strict=True):
+        if resolved.count(where) > 1:
+            raise ReportError(f"run={path} is named twice; name each run once")
     pretrain: list[PretrainRun] = []
     finetune: list[FinetuneRun] = []
     suite_folders: list[Path] = []

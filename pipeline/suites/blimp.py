@@ -392,13 +392,14 @@ class RunsCompared:
 
 
 def compare_runs(
-    records: dict[str, dict[str, dict[str, Any]]],
+    records: Sequence[tuple[str, dict[str, dict[str, Any]]]],
 ) -> tuple[list[RunsCompared], list[str]]:
     """The BLiMP records that several runs share, compared (`RunsCompared`), and why any such
     record was not.
 
     Args:
-        records: by run label, in order, that run's records by file name (`read_reports`).
+        records: each run's label and its records by file name (`read_reports`), the first
+            run first.
 
     Returns:
         One comparison per file name that at least two runs hold, among the runs that scored
@@ -406,20 +407,19 @@ def compare_runs(
         left out, naming the difference.
     """
     compared, left_out = [], []
-    names = dict.fromkeys(name for by_name in records.values() for name in by_name)
+    names = dict.fromkeys(name for _, by_name in records for name in by_name)
     for name in names:
-        holders = [label for label, by_name in records.items() if name in by_name]
+        holders = [(label, by_name[name]) for label, by_name in records if name in by_name]
         if len(holders) < 2:
             continue
-        first = records[holders[0]][name]
+        (first_label, first), *others = holders
         first_row = _model_row(first)
-        labels, rows = [holders[0]], [first_row]
-        for label in holders[1:]:
-            record = records[label][name]
+        labels, rows = [first_label], [first_row]
+        for label, record in others:
             row = _model_row(record)
             why = _not_paired(first, first_row, record, row)
             if why:
-                left_out.append(f"BLiMP {name}: {label} is not compared with {holders[0]}: {why}")
+                left_out.append(f"BLiMP {name}: {label} is not compared with {first_label}: {why}")
             else:
                 labels.append(label)
                 rows.append(row)

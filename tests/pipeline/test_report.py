@@ -258,6 +258,9 @@ def test_bad_paths_are_named_in_one_line(tmp_path, capsys):
     assert "found neither logs/metrics.csv" in err and "results.json" in err
     assert main([","]) == 2
     assert "no run given" in capsys.readouterr().err
+    (tmp_path / "r" / "logs").mkdir(parents=True)
+    assert main([f"{tmp_path / 'r'},{tmp_path}/./r/"]) == 2
+    assert f"run={tmp_path / 'r'} is named twice; name each run once" in capsys.readouterr().err
 
 
 def write_blimp_record(run: Path, accuracy: dict[str, float], pairs: int, name="blimp.json"):
