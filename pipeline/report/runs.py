@@ -89,7 +89,11 @@ class PretrainRun:
         choices = _read_yaml(path / ".hydra" / "hydra.yaml").get("hydra", {}).get("runtime", {})
         config = {**config, "choice": choices.get("choices") or {}}
         metrics = read_metrics(path / "logs" / "metrics.csv")
-        return cls(path, label, metrics, config, read_blimp_reports(path))
+        try:
+            blimp = read_blimp_reports(path)
+        except ResultsError as err:  # a damaged blimp*.json: named, as make report's error
+            raise ReportError(str(err)) from err
+        return cls(path, label, metrics, config, blimp)
 
     def lookup(self, key: str) -> Any:
         node: Any = self.config

@@ -87,14 +87,10 @@ def blimp_table(record: dict[str, Any]) -> str:
 
 
 def blimp_comparison_table(compared: RunsCompared) -> str:
-    """The model rows of one BLiMP record in several runs (`RunsCompared`): a column per run,
-    overall, each linguistic term, and each run minus the first over phenomena."""
-    rows = compared.rows
-    body = [["overall", *(round(r.overall, 1) for r in rows)]]
-    body += [[term, *(round(r.terms[term], 1) for r in rows)] for term in rows[0].terms]
-    differences = ["" if d is None else d.text() for d in compared.versus_first]
-    body.append([f"minus {compared.labels[0]} (95% interval over phenomena)", *differences])
-    return table(["accuracy (%)", *compared.labels], body)
+    """The model rows of one BLiMP record in several runs (`RunsCompared`): its table and
+    note."""
+    note = f'<p class="note">{html.escape(compared.note())}</p>'
+    return table(["accuracy (%)", *compared.labels], compared.body()) + note
 
 
 def _one_decimal(value: float | None) -> float | None:

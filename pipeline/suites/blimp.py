@@ -321,14 +321,7 @@ def read_reports(folder: Path) -> dict[str, dict[str, Any]]:
     for path in sorted(folder.glob("blimp*.json")):
         try:
             record = json.loads(path.read_text())
-            rows = record["rows"]
-            # the model's row first, then the others, as `evaluate_blimp` writes them
-            if (
-                not rows
-                or rows[0]["name"] != MODEL
-                or not all(ROW_KEYS.issubset(row) for row in rows)
-            ):
-                raise KeyError("rows")
+            _check_rows(record["rows"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise ResultsError(
                 f"{path} is not a BLiMP record ({type(err).__name__}: {err}); remake it with "
@@ -336,6 +329,28 @@ def read_reports(folder: Path) -> dict[str, dict[str, Any]]:
             ) from err
         records[path.name] = record
     return records
+
+
+def _check_rows(rows: Any) -> None:
+    """The rows of a record as `evaluate_blimp` writes them: the model's first, each with its
+    accuracy per phenomenon (what `compare_runs` pairs) and per term.
+
+    Raises:
+        ValueError: naming what is not.
+    """
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise ValueError("no rows")
+    if rows[0].get("name") != MODEL:
+        raise ValueError(f"its first row is {rows[0].get('name')!r}, not the {MODEL!r}")
+    for row in rows:
+        missing = ROW_KEYS - row.keys()
+        if missing:
+            raise ValueError(f"row {row.get('name')!r} has no {', '.join(sorted(missing))}")
+        phenomena = row["phenomena"]
+        if not isinstance(phenomena, dict) or not phenomena:
+            raise ValueError(f"row {row['name']!r} has no accuracy per phenomenon")
+        if not all(isinstance(v, int | float) for v in phenomena.values()):
+            raise ValueError(f"row {row['name']!r} has a phenomenon's accuracy that is no number")
 
 
 def write_report(report: BlimpReport, path: Path) -> Path:
@@ -369,26 +384,34 @@ class RunsCompared:
     rows: list[BlimpScores]
     versus_first: list[PairedDifference | None]
 
-    def table(self) -> str:
-        """Markdown: a column per run, overall, each linguistic term, then the differences."""
-        lines = [
-            "| | " + " | ".join(self.labels) + " |",
-            "|---|" + "---:|" * len(self.rows),
-            "| **overall** | " + " | ".join(f"**{r.overall:.1f}**" for r in self.rows) + " |",
-        ]
+    def body(self) -> list[list[str]]:
+        """The table's rows, first cell the row's name: overall, each linguistic term, then
+        each run minus the first."""
+        rows = [["overall", *(f"{r.overall:.1f}" for r in self.rows)]]
         for term in self.rows[0].terms:
-            lines.append(
-                f"| {term} | " + " | ".join(f"{r.terms[term]:.1f}" for r in self.rows) + " |"
+            rows.append(
+                [term, *(f"{r.terms[term]:.1f}" if term in r.terms else "" for r in self.rows)]
             )
         differences = ["" if d is None else d.text() for d in self.versus_first]
-        lines.append(f"| minus {self.labels[0]} | " + " | ".join(differences) + " |")
-        pairs = self.rows[0].pairs
-        note = (
-            f"The model rows of {self.name}: {pairs:,} pairs of {len(self.rows[0].phenomena)} "
-            f"phenomena. Each run minus {self.labels[0]}, with a 95% interval over the "
-            "phenomena (paired)."
+        return [*rows, [f"minus {self.labels[0]}", *differences]]
+
+    def note(self) -> str:
+        """What the table holds and what its intervals measure."""
+        pairs, phenomena = self.rows[0].pairs, len(self.rows[0].phenomena)
+        note = f"The model rows of {self.name}: {pairs:,} pairs of {phenomena} phenomena."
+        if phenomena < 2:
+            return note + f" Each run minus {self.labels[0]} (no interval over one phenomenon)."
+        return note + (
+            f" Each run minus {self.labels[0]}, with a 95% interval over the phenomena "
+            "(paired): how much the difference varies from one phenomenon to another, not "
+            "from one seed to another; runs of one seed each can differ by more than it."
         )
-        return "\n".join(lines) + "\n\n" + note + "\n"
+
+    def table(self) -> str:
+        """Markdown: a column per run (`body`), and the note."""
+        lines = ["| | " + " | ".join(self.labels) + " |", "|---|" + "---:|" * len(self.rows)]
+        lines += ["| " + " | ".join(row) + " |" for row in self.body()]
+        return "\n".join(lines) + "\n\n" + self.note() + "\n"
 
 
 def compare_runs(

@@ -29,7 +29,8 @@ from pipeline.infer.sentence_scoring import SentenceScorer
 from pipeline.pretrain import documents
 from pipeline.pretrain.documents import run_training_text
 from pipeline.report import write_report
-from pipeline.run.errors import ConfigError, ResultsError
+from pipeline.report.runs import ReportError
+from pipeline.run.errors import ConfigError
 from pipeline.suites.blimp import (
     NGRAM_CACHE,
     check_settings,
@@ -478,7 +479,7 @@ def test_evaluate_lm_suite_blimp_on_a_pretraining_run(tmp_path, tmp_path_factory
     page = report.html.read_text()
     assert "BLiMP: r (blimp-pairs2.json)" in page and "3-gram of the corpus" in page
     (run / "blimp-broken.json").write_text("{}")
-    with pytest.raises(ResultsError, match="blimp-broken.json is not a BLiMP record"):
+    with pytest.raises(ReportError, match="blimp-broken.json is not a BLiMP record"):
         write_report([run], tmp_path / "report")
 
 
